@@ -1,0 +1,198 @@
+"""Export a draft and a target into one bundle folder, atomically.
+
+Layout of a bundle::
+
+    manifest.json          the I/O contract and sha256 of every file (specdec.runtime.manifest)
+    tokenizer/             tokenizer.json (+ tokenizer_config.json with the chat template)
+    target/model.onnx      + model.onnx.data (external weights)
+    draft/model.onnx       + model.onnx.data
+
+Everything is written into a hidden staging folder beside the destination and renamed into
+place only when complete, so an interrupted or failed export never leaves a half bundle
+under the destination name and never touches an existing bundle until the new one is whole.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelSpec
+
+from .compat import check_specs, check_tokenizers, special_token_ids
+from .quantize import QUANTS, quantize_onnx
+from .sources import DTYPES, ModelSource, SourceError, load_model, load_tokenizer, resolve_source
+
+PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
+PARITY_EXTRA = " if n < 2: return n"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    target: str
+    draft: str | None
+    out: Path
+    dtype: str = "float32"
+    quant: str = "none"
+    parity: bool = True
+    accuracy_level: int | None = None  # MatMulNBits accuracy_level (None = onnxruntime's default)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.quant not in QUANTS:
+            raise ValueError(f"--quant {self.quant!r} is not one of {', '.join(QUANTS)}")
+        if self.quant != "none" and self.dtype != "float32":
+            raise ValueError("weight-only --quant applies to a float32 export: use --dtype float32 with --quant")
+        if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
+
+
+class Progress:
+    """Timestamped progress lines on stderr."""
+
+    def __init__(self, stream=sys.stderr):
+        self.start = time.monotonic()
+        self.stream = stream
+
+    def __call__(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.start:7.1f}s] {message}", file=self.stream, flush=True)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def hash_tree(root: Path) -> dict:
+    return {
+        str(path.relative_to(root).as_posix()): sha256_file(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+
+
+def tool_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("specdec", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "gguf"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def _check_destination(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise SourceError(f"--out {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise SourceError(f"--out {out} is a non-empty folder that is not a specdec bundle: refusing to replace it")
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    from .onnx_export import ONNX_NAME, export_model
+    from .parity import check_parity
+
+    progress(f"{role}: loading {source.label} ({options.dtype})")
+    model = load_model(source, options.dtype)
+    special = special_token_ids(model, tokenizer)
+    float_dir = staging / (role if options.quant == "none" else f".{role}-float")
+    progress(f"{role}: exporting ONNX ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
+    spec = export_model(model, role, float_dir, special, options.dtype)
+    parity = {}
+    prompt, extra = _encode(tokenizer, PARITY_PROMPT), _encode(tokenizer, PARITY_EXTRA)
+    extra = (extra * 5)[:5]
+    if options.parity and options.dtype == "float32":
+        progress(f"{role}: parity check of the float graph (prefill, decode, chain verify, tree)")
+        parity["float"] = check_parity(model, float_dir / ONNX_NAME, spec, prompt, extra)
+    elif options.parity:
+        parity["float"] = "skipped: onnxruntime's CPU kernels do not cover every float16/bfloat16 op this graph uses"
+    if options.quant != "none":
+        progress(f"{role}: quantizing weights to {options.quant} (MatMulNBits)")
+        quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level)
+        shutil.rmtree(float_dir)
+        spec = replace(spec, quant=options.quant)
+        if options.parity:
+            progress(f"{role}: parity check of the {options.quant} graph (error includes quantization)")
+            parity[options.quant] = check_parity(model, staging / role / ONNX_NAME, spec, prompt, extra)
+    del model
+    gc.collect()
+    return spec, parity
+
+
+def export_bundle(options: ExportOptions, progress=None) -> Manifest:
+    """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written."""
+    progress = progress or Progress()
+    out = Path(options.out)
+    _check_destination(out)
+    target_source = resolve_source(options.target)
+    draft_source = resolve_source(options.draft) if options.draft else None
+    progress("loading tokenizers")
+    target_tokenizer = load_tokenizer(target_source)
+    if draft_source is not None:
+        draft_tokenizer = load_tokenizer(draft_source)
+        check_tokenizers(target_tokenizer, draft_tokenizer)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        specs, parity = {}, {}
+        if draft_source is not None:
+            specs["draft"], parity["draft"] = _export_one(
+                "draft", draft_source, draft_tokenizer, options, staging, progress
+            )
+        specs["target"], parity["target"] = _export_one(
+            "target", target_source, target_tokenizer, options, staging, progress
+        )
+        if draft_source is not None:
+            check_specs(specs["target"], specs["draft"])
+        target_tokenizer.save_pretrained(str(staging / "tokenizer"))
+        progress("hashing files")
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            target=specs["target"],
+            draft=specs.get("draft"),
+            tokenizer_file="tokenizer/tokenizer.json",
+            files=hash_tree(staging),
+            tools=tool_versions(),
+            extra={"parity_max_abs_error": parity, "export_seconds": round(progress.elapsed, 1)},
+        )
+        (staging / MANIFEST_NAME).write_text(manifest.to_json())
+        _swap_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    """Rename the finished staging folder to ``out``; an existing bundle is moved aside first, then removed."""
+    for path in staging.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(staging, out)
+    shutil.rmtree(old, ignore_errors=True)

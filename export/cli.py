@@ -1,0 +1,74 @@
+"""``specdec-export``: a thin argv front over ``specdec.export.bundle``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .pair import DEFAULT_PAIR, PAIRS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec-export",
+        description="Export a draft and a target causal LM (local folder or .gguf) into a specdec ONNX bundle.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--target", help="target model: a local Hugging Face folder or a .gguf file")
+    source.add_argument("--pair", choices=sorted(PAIRS), help=f"a known pair from pinned packages (e.g. {DEFAULT_PAIR})")
+    parser.add_argument("--draft", help="draft model: a local Hugging Face folder or a .gguf file (optional)")
+    parser.add_argument("--out", required=True, type=Path, help="bundle folder to write (replaced atomically)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--quant", default="none", choices=["none", "int4", "int8"], help="weight-only quantization")
+    parser.add_argument("--accuracy-level", type=int, default=None, help="MatMulNBits accuracy_level 0..4")
+    parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from .bundle import ExportOptions, Progress, export_bundle
+        from .pair import pair_sources
+    except ImportError as exc:
+        print(f"specdec-export: error: {exc.name} is missing: install the export extra, pip install 'specdec[export]'",
+              file=sys.stderr)
+        return 2
+    progress = Progress()
+    try:
+        if args.pair:
+            target, draft = pair_sources(args.pair, progress)
+        else:
+            target, draft = args.target, args.draft
+        options = ExportOptions(
+            target=str(target), draft=str(draft) if draft else None, out=args.out, dtype=args.dtype,
+            quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level,
+        )
+        manifest = export_bundle(options, progress)
+    except (ValueError, OSError) as exc:
+        print(f"specdec-export: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(manifest, args.out))
+    return 0
+
+
+def summary(manifest, out: Path) -> str:
+    lines = [f"bundle written to {out} in {manifest.extra.get('export_seconds')} s"]
+    for role, spec in manifest.models().items():
+        size = sum((out / rel).stat().st_size for rel in manifest.files if rel.startswith(f"{role}/"))
+        lines.append(
+            f"  {role}: {spec.architecture}, {spec.num_layers} layers, vocab {spec.vocab_size}, "
+            f"{spec.dtype}/{spec.quant}, {size / 1e6:.1f} MB"
+        )
+        for graph, report in manifest.extra["parity_max_abs_error"].get(role, {}).items():
+            if isinstance(report, dict):
+                cells = ", ".join(f"{k} logits {v['logits']:.2e} kv {v['kv']:.2e}" for k, v in report.items())
+            else:
+                cells = report
+            lines.append(f"    parity ({graph}, max abs error vs PyTorch): {cells}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The exportable forward pass: a Hugging Face causal LM rewired to the graph contract.
+
+It reuses the Hugging Face model's own submodules (projections, norms, MLPs, embeddings),
+found through the architecture table, and replaces only the attention plumbing: the KV
+cache is external (past rows in, new rows out, sequence-major layout) and attention is
+masked by an explicit boolean mask, so one graph serves prefill, decode, chain verify and
+tree verify. See ``specdec.runtime.manifest`` for the contract.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .architectures import ArchSpec, arch_for
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def _get(module: nn.Module, path: str) -> nn.Module:
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def layer_types(config, arch: ArchSpec) -> list:
+    """'full_attention' or 'sliding_attention' per layer, from the Hugging Face config."""
+    n = config.num_hidden_layers
+    if getattr(config, "sliding_window", None) and arch.sliding_all_layers_from_config:
+        return [SLIDING] * n
+    types = getattr(config, "layer_types", None)
+    if types and getattr(config, "sliding_window", None):
+        return [SLIDING if t == SLIDING else FULL for t in types[:n]]
+    return [FULL] * n
+
+
+def geometry(config) -> dict:
+    """Heads and sizes of the attention, as the exported contract records them."""
+    heads = config.num_attention_heads
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim, "hidden_size": hidden}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class ExportableLM(nn.Module):
+    """forward(input_ids, position_ids, attention_mask, [sliding_attention_mask], *past) -> (logits, *new_kv)."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        config = text_config(hf_model.config)
+        self.arch = arch_for(config.model_type)
+        self.hf = hf_model
+        body = _get(hf_model, self.arch.body)
+        self.layers = getattr(body, self.arch.layers)
+        self.embed = _get(body, self.arch.embed)
+        self.final_norm = _get(body, self.arch.final_norm)
+        self.position_embed = _get(body, self.arch.position_embed) if self.arch.position_embed else None
+        self.lm_head = hf_model.lm_head
+        geo = geometry(config)
+        self.num_heads, self.num_kv_heads, self.head_dim = geo["num_heads"], geo["num_kv_heads"], geo["head_dim"]
+        self.hidden_size = geo["hidden_size"]
+        self.layer_types = layer_types(config, self.arch)
+        self.sliding_window = getattr(config, "sliding_window", None) if SLIDING in self.layer_types else None
+        self.attn_softcap = getattr(config, "attn_logit_softcapping", None)
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
+        self.rope_tables = {}
+        if self.arch.rope:
+            rotary = body.rotary_emb
+            for lt in set(self.layer_types):
+                inv_freq = getattr(rotary, f"{lt}_inv_freq", None)
+                if inv_freq is None:
+                    inv_freq = rotary.inv_freq
+                scaling = getattr(rotary, f"{lt}_attention_scaling", getattr(rotary, "attention_scaling", 1.0))
+                self.register_buffer(f"inv_freq_{lt}", inv_freq.detach().float().clone(), persistent=False)
+                self.rope_tables[lt] = float(scaling)
+
+    @property
+    def has_sliding_mask(self) -> bool:
+        return self.sliding_window is not None
+
+    def _rope(self, position_ids: torch.Tensor, layer_type: str, dtype: torch.dtype):
+        inv_freq = getattr(self, f"inv_freq_{layer_type}")  # [rot_dim/2]
+        freqs = position_ids.float()[..., None] * inv_freq  # [B, T, rot_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = self.rope_tables[layer_type]
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+    def _project_qkv(self, attn: nn.Module, x: torch.Tensor):
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        if len(self.arch.qkv) == 1:
+            fused = getattr(attn, self.arch.qkv[0])(x)
+            return fused.split([q_size, kv_size, kv_size], dim=-1)
+        return tuple(getattr(attn, name)(x) for name in self.arch.qkv)
+
+    def _attention(self, index: int, layer: nn.Module, x, rope, mask, past_k, past_v):
+        batch, new = x.shape[0], x.shape[1]
+        attn = getattr(layer, self.arch.attn)
+        q, k, v = self._project_qkv(attn, x)
+        q = q.view(batch, new, self.num_heads, self.head_dim)
+        k = k.view(batch, new, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, new, self.num_kv_heads, self.head_dim)
+        if self.arch.qk_norm:
+            q = getattr(attn, self.arch.qk_norm[0])(q)
+            k = getattr(attn, self.arch.qk_norm[1])(k)
+        if rope is not None:
+            cos, sin = rope  # [B, T, rot_dim]
+            cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+            rot = cos.shape[-1]
+            q = torch.cat((q[..., :rot] * cos + _rotate_half(q[..., :rot]) * sin, q[..., rot:]), dim=-1)
+            k = torch.cat((k[..., :rot] * cos + _rotate_half(k[..., :rot]) * sin, k[..., rot:]), dim=-1)
+        new_k, new_v = k, v  # [B, T, KVH, D]: the rows the runtime stores
+        keys = torch.cat((past_k, new_k), dim=1).transpose(1, 2)  # [B, KVH, P+T, D]
+        values = torch.cat((past_v, new_v), dim=1).transpose(1, 2)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+        scale = getattr(attn, "scaling", self.head_dim**-0.5)
+        scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) * scale  # [B, H, T, P+T]
+        scores = scores.float()
+        if self.attn_softcap:
+            scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
+        scores = scores.masked_fill(~mask[:, None, :, :], torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores, dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values).transpose(1, 2).reshape(batch, new, self.num_heads * self.head_dim)
+        return getattr(attn, self.arch.out_proj)(out), new_k, new_v
+
+    def forward(self, input_ids, position_ids, attention_mask, *rest):
+        if self.has_sliding_mask:
+            sliding_mask, past = rest[0], rest[1:]
+        else:
+            sliding_mask, past = None, rest
+        hidden = self.embed(input_ids)
+        if self.position_embed is not None:
+            hidden = hidden + self.position_embed(position_ids)
+        ropes = {lt: self._rope(position_ids, lt, hidden.dtype) for lt in self.rope_tables}
+        new_kv = []
+        for index, layer in enumerate(self.layers):
+            lt = self.layer_types[index]
+            mask = sliding_mask if lt == SLIDING else attention_mask
+            residual = hidden
+            x = getattr(layer, self.arch.input_norm)(hidden)
+            x, new_k, new_v = self._attention(
+                index, layer, x, ropes.get(lt), mask, past[2 * index], past[2 * index + 1]
+            )
+            if self.arch.post_attn_norm:
+                x = getattr(layer, self.arch.post_attn_norm)(x)
+            hidden = residual + x
+            residual = hidden
+            x = getattr(layer, self.arch.mlp)(getattr(layer, self.arch.pre_mlp_norm)(hidden))
+            if self.arch.post_mlp_norm:
+                x = getattr(layer, self.arch.post_mlp_norm)(x)
+            hidden = residual + x
+            new_kv += [new_k, new_v]
+        logits = self.lm_head(self.final_norm(hidden)).float()
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return (logits, *new_kv)

@@ -1,0 +1,105 @@
+"""Trace one model's ``ExportableLM`` to a portable ONNX graph (standard ops, opset 18).
+
+Writes ``model.onnx`` plus ``model.onnx.data`` (external weights) into a folder and
+returns the model's ``ModelSpec`` for the manifest.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+
+from specdec.runtime.manifest import ModelSpec, graph_io, kv_names
+
+from .graph_model import ExportableLM, text_config
+
+OPSET = 18
+ONNX_NAME = "model.onnx"
+_TORCH_TO_NUMPY = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def example_inputs(lm: ExportableLM, past_len: int = 3, new_len: int = 4):
+    """Trace-time inputs. Sizes are >= 2 so torch.export keeps every dimension symbolic."""
+    dtype = next(lm.parameters()).dtype
+    input_ids = torch.zeros((1, new_len), dtype=torch.int64)
+    position_ids = torch.arange(past_len, past_len + new_len, dtype=torch.int64)[None]
+    mask = torch.ones((1, new_len, past_len + new_len), dtype=torch.bool)
+    masks = (mask, mask.clone()) if lm.has_sliding_mask else (mask,)
+    past = tuple(
+        torch.zeros((1, past_len, lm.num_kv_heads, lm.head_dim), dtype=dtype) for _ in range(2 * len(lm.layers))
+    )
+    return (input_ids, position_ids, *masks, *past)
+
+
+def export_model(hf_model, role: str, out_dir: Path, special: dict, dtype: str) -> ModelSpec:
+    """Export ``hf_model`` into ``out_dir`` and describe it. ``special``: bos/eos/pad ids."""
+    lm = ExportableLM(hf_model).eval()
+    config = text_config(hf_model.config)
+    kv_dtype = _TORCH_TO_NUMPY[next(lm.parameters()).dtype]
+    vocab = hf_model.get_output_embeddings().weight.shape[0]
+    inputs, outputs = graph_io(len(lm.layers), lm.num_kv_heads, lm.head_dim, vocab, kv_dtype, lm.has_sliding_mask)
+    args = example_inputs(lm)
+    auto = torch.export.Dim.AUTO
+    mask_dims = {0: auto, 1: auto, 2: auto}
+    rest = [mask_dims] * lm.has_sliding_mask + [{0: auto, 1: auto}] * (2 * len(lm.layers))
+    dynamic = ({0: auto, 1: auto}, {0: auto, 1: auto}, mask_dims, tuple(rest))  # mirrors forward's signature
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        program = torch.onnx.export(
+            lm,
+            args,
+            dynamo=True,
+            opset_version=OPSET,
+            dynamic_shapes=dynamic,
+            input_names=[spec.name for spec in inputs],
+            output_names=[spec.name for spec in outputs],
+            optimize=True,
+            verbose=False,
+        )
+    program.save(str(out_dir / ONNX_NAME), external_data=True)
+    del program
+    gc.collect()
+    _name_symbolic_dims(out_dir / ONNX_NAME, inputs, outputs)
+    return ModelSpec(
+        role=role,
+        architecture=config.model_type,
+        onnx_file=f"{role}/{ONNX_NAME}",
+        inputs=inputs,
+        outputs=outputs,
+        kv=kv_names(len(lm.layers)),
+        num_layers=len(lm.layers),
+        num_kv_heads=lm.num_kv_heads,
+        head_dim=lm.head_dim,
+        hidden_size=lm.hidden_size,
+        vocab_size=int(vocab),
+        max_positions=int(getattr(config, "max_position_embeddings", 2048) or 2048),
+        kv_dtype=kv_dtype,
+        dtype=dtype,
+        quant="none",
+        sliding_window=lm.sliding_window,
+        bos_token_id=special["bos_token_id"],
+        eos_token_ids=tuple(special["eos_token_ids"]),
+        pad_token_id=special["pad_token_id"],
+    )
+
+
+def _name_symbolic_dims(path: Path, inputs, outputs) -> None:
+    """Replace torch.export's generated dim names (s12, ...) with the contract's names, in place."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    specs = {spec.name: spec for spec in (*inputs, *outputs)}
+    for value in (*model.graph.input, *model.graph.output):
+        spec = specs.get(value.name)
+        if spec is None:
+            raise RuntimeError(f"exported graph has an unexpected input/output {value.name!r}")
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(spec.shape):
+            raise RuntimeError(f"exported {value.name} has rank {len(dims)}, the contract says {len(spec.shape)}")
+        for dim, want in zip(dims, spec.shape):
+            if isinstance(want, str):
+                dim.Clear()
+                dim.dim_param = want
+    onnx.save(model, str(path))

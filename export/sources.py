@@ -1,0 +1,97 @@
+"""Load a draft or target from a local Hugging Face folder or a GGUF file, never from a hub.
+
+Validation happens before anything heavy: the path must exist, a folder must hold
+config.json and safetensors weights (pickled ``.bin``/``.pt`` weights are refused: loading
+them runs arbitrary code), the architecture must be in the table. ``trust_remote_code``
+is never passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .architectures import arch_for
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class SourceError(ValueError):
+    """A model source is missing, unsupported or unsafe."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path
+    gguf_file: str | None  # file name inside ``path`` when loading a GGUF
+
+    @property
+    def label(self) -> str:
+        return str(self.path / self.gguf_file) if self.gguf_file else str(self.path)
+
+
+def resolve_source(spec: str | os.PathLike) -> ModelSource:
+    """Check a user-given model path and say what it is; raises SourceError with one clear line."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise SourceError(f"model path {spec} does not exist (specdec only loads local folders or .gguf files, never a hub id)")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            if path.suffix.lower() in PICKLE_SUFFIXES:
+                raise SourceError(f"{spec} is a pickled checkpoint: refused (it can run code on load); convert it to safetensors")
+            raise SourceError(f"{spec} is a file but not a .gguf: give a Hugging Face model folder or a .gguf file")
+        return ModelSource(path.parent.resolve(), path.name)
+    config = path / "config.json"
+    if not config.is_file():
+        raise SourceError(f"{spec} has no config.json: not a Hugging Face model folder")
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{config} is not valid JSON: {exc}") from None
+    arch_for(str(model_type))  # unknown architectures fail here, before loading weights
+    names = [p.name for p in path.iterdir()]
+    if not any(n.endswith(".safetensors") for n in names):
+        pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+        if pickles:
+            raise SourceError(
+                f"{spec} has only pickled weights ({pickles[0]}): refused (loading them can run code); convert to safetensors"
+            )
+        raise SourceError(f"{spec} has no .safetensors weights")
+    return ModelSource(path.resolve(), None)
+
+
+def load_model(source: ModelSource, dtype: str):
+    """The Hugging Face causal LM in eval mode, weights in ``dtype``, eager attention (the parity reference)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise SourceError(f"dtype {dtype!r} is not one of {DTYPES}")
+    kwargs = dict(local_files_only=True, trust_remote_code=False, attn_implementation="eager")
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    config = AutoConfig.from_pretrained(source.path, **kwargs)
+    arch_for(getattr(config.get_text_config(), "model_type", config.model_type))
+    model = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, dtype), **kwargs)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_tokenizer(source: ModelSource):
+    """The fast tokenizer (its ``backend_tokenizer`` is what the runtime loads from tokenizer.json)."""
+    from transformers import AutoTokenizer
+
+    kwargs = dict(local_files_only=True, trust_remote_code=False)
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise SourceError(f"cannot load a tokenizer from {source.label}: {exc}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise SourceError(f"{source.label} has no fast tokenizer (tokenizer.json): the runtime needs one")
+    return tokenizer

@@ -68,3 +68,18 @@ def build_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layer
     model.save_pretrained(folder, safe_serialization=True)
     tiny_tokenizer().save_pretrained(folder)
     return folder
+
+
+def build_noisy_copy(source: Path, folder: Path, noise: float, seed: int) -> Path:
+    """A draft that agrees with ``source`` often but not always: its weights plus Gaussian noise."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(source)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * noise)
+    model.save_pretrained(folder, safe_serialization=True)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return folder

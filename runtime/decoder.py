@@ -1,0 +1,358 @@
+"""The speculative loop: draft proposes, target verifies in one pass, acceptance keeps it exact.
+
+Legend for one round (chain):
+  tokens   the committed sequence (prompt + output); its last token is *pending*: the
+           target has not yet seen it, so its logits are unknown
+  drafts   gamma tokens the draft proposes after ``tokens``
+  rows     target logits for [pending, d_1 .. d_gamma]; row i scores the token after
+           (pending, d_1..d_i): row i checks d_{i+1}, row gamma gives the bonus token
+Each model has its own cache; ``feed`` for a model is always ``tokens[cache.length:]``
+(the pending token, plus one more when the draft must catch up on the last round's final
+draft or bonus token) followed by that round's candidates. After acceptance each cache
+keeps only rows of committed tokens: rollback is moving a length.
+
+``num_draft_tokens=0`` runs plain target-only decoding through the same code: the baseline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .acceptance import greedy_accept, speculative_accept
+from .bundle import inside, open_bundle
+from .model_runner import ModelRunner
+from .sampling import SamplingConfig, greedy_token, sample, sampling_distribution
+from .text import IncrementalDecoder, TextCodec
+
+PREFILL_CHUNK = 64  # tokens per prefill pass: bounds the logits buffer at chunk x vocab floats
+MAX_DRAFT_TOKENS = 16
+DEFAULT_MAX_CONTEXT = 2048
+
+
+class GenerationError(ValueError):
+    """A request that cannot be served as given (prompt too long, empty, ...)."""
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    decode_seconds: float = 0.0  # wall time of the decode loop (after prefill)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        """Draft tokens accepted per target verify pass (each round also emits one target token)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def host_seconds(self) -> float:
+        """Decode-loop time outside the onnxruntime runs: sampling, acceptance, bookkeeping."""
+        return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode speed: new tokens per second of the decode loop (prefill excluded)."""
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        names = ("acceptance_rate", "mean_accepted_per_round", "host_seconds", "tokens_per_s")
+        return {**self.__dict__, **{name: getattr(self, name) for name in names}}
+
+    def summary(self) -> str:
+        return (
+            f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s decode, "
+            f"acceptance {self.acceptance_rate:.2f} ({self.accepted}/{self.proposed}), "
+            f"{self.mean_accepted_per_round:.2f} accepted/round, target passes {self.target_forwards}, "
+            f"draft passes {self.draft_forwards}, time draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s "
+            f"host {self.host_seconds:.2f}s prefill {self.prefill_seconds:.2f}s"
+        )
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list  # new tokens only; includes EOS when one was generated
+    stats: GenerationStats
+    finish_reason: str  # "eos" | "length" | "stop"
+
+
+@dataclass(frozen=True)
+class _Request:
+    prompt_ids: tuple
+    max_new_tokens: int
+    sampling: SamplingConfig
+    num_draft_tokens: int
+    seed: int | None
+    stop: tuple = field(default_factory=tuple)
+
+
+class SpeculativeDecoder:
+    """Load a bundle once; ``generate`` / ``stream`` many requests (one at a time per decoder)."""
+
+    def __init__(self, bundle_dir: Path, manifest, target: ModelRunner, draft: ModelRunner | None, codec: TextCodec):
+        self.bundle_dir = bundle_dir
+        self.manifest = manifest
+        self.target = target
+        self.draft = draft
+        self.codec = codec
+        self.eos_ids = frozenset(manifest.target.eos_token_ids)
+        self.max_context = target.max_context
+        self._busy = threading.Lock()
+
+    @classmethod
+    def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
+             verify: bool = True) -> "SpeculativeDecoder":
+        """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
+
+        ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
+        """
+        root = Path(bundle_dir)
+        manifest = open_bundle(root, verify=verify)
+        if max_context is None:
+            max_context = min(DEFAULT_MAX_CONTEXT, manifest.target.max_positions)
+        if not 2 <= max_context <= manifest.target.max_positions:
+            raise ValueError(f"max_context must be in 2..{manifest.target.max_positions} (the target's max positions)")
+        step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
+        runners = {
+            role: ModelRunner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
+            for role, spec in manifest.models().items()
+        }
+        codec = TextCodec(inside(root, manifest.tokenizer_file))
+        return cls(root, manifest, runners["target"], runners.get("draft"), codec)
+
+    # ----------------------------------------------------------------- public API
+    def generate(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
+                 num_draft_tokens: int = 4, seed: int | None = 0, stop: Sequence[str] = ()) -> GenerationResult:
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop)
+        with self._exclusive():
+            stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
+            output: list[int] = []
+            finish = "length"
+            for new_ids, finish in self._rounds(request, stats):
+                output.extend(new_ids)
+        text = self.codec.decode(output)
+        if finish == "stop":
+            text = _cut_at_stop(text, request.stop)
+        return GenerationResult(text=text, token_ids=output, stats=stats, finish_reason=finish)
+
+    def stream(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
+               num_draft_tokens: int = 4, seed: int | None = 0, stop: Sequence[str] = (),
+               stats: GenerationStats | None = None) -> Iterator[str]:
+        """Yield text pieces as rounds complete; the same tokens as ``generate`` with the same arguments."""
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop)
+        stats = stats if stats is not None else GenerationStats()
+        stats.prompt_tokens = len(request.prompt_ids)
+        with self._exclusive():
+            detok = IncrementalDecoder(self.codec)
+            emitted = ""
+            for new_ids, finish in self._rounds(request, stats):
+                piece = detok.push(new_ids)
+                if finish == "stop":
+                    piece += detok.flush()
+                    piece = _cut_at_stop(emitted + piece, request.stop)[len(emitted):]
+                emitted += piece
+                if piece:
+                    yield piece
+            tail = detok.flush()
+            if tail:
+                yield tail
+
+    # ----------------------------------------------------------------- validation
+    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop) -> _Request:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise GenerationError("prompt is empty: give some text or token ids")
+            prompt_ids = self.codec.encode(prompt)
+        else:
+            prompt_ids = [int(t) for t in prompt]
+            vocab = self.manifest.target.vocab_size
+            if any(t < 0 or t >= vocab for t in prompt_ids):
+                raise GenerationError(f"prompt token ids must be in 0..{vocab - 1}")
+        if not prompt_ids:
+            raise GenerationError("prompt is empty: give some text or token ids")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or not (
+            0 <= num_draft_tokens <= MAX_DRAFT_TOKENS
+        ):
+            raise GenerationError(f"num_draft_tokens must be an integer in 0..{MAX_DRAFT_TOKENS}, got {num_draft_tokens!r}")
+        if num_draft_tokens > 0 and self.draft is None:
+            raise GenerationError("this bundle has no draft model: use num_draft_tokens=0")
+        sampling = sampling if sampling is not None else SamplingConfig()
+        if not isinstance(sampling, SamplingConfig):
+            raise GenerationError("sampling must be a SamplingConfig")
+        needed = len(prompt_ids) + max_new_tokens + num_draft_tokens + 1
+        if needed > self.max_context:
+            raise GenerationError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) + draft tokens "
+                f"({num_draft_tokens}) + 1 = {needed} exceeds max_context {self.max_context}: "
+                "shorten the prompt, lower max_new_tokens, or load with a larger max_context"
+            )
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        if any(not s for s in stop):
+            raise GenerationError("stop strings must be non-empty")
+        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop)
+
+    def _exclusive(self):
+        decoder = self
+
+        class _Guard:
+            def __enter__(self):
+                if not decoder._busy.acquire(blocking=False):
+                    raise RuntimeError(
+                        "this SpeculativeDecoder is already generating in another thread: "
+                        "use one decoder per thread (each holds its own KV cache)"
+                    )
+
+            def __exit__(self, *exc):
+                decoder._busy.release()
+
+        return _Guard()
+
+    # ----------------------------------------------------------------- the loop
+    def _rounds(self, request: _Request, stats: GenerationStats) -> Iterator[tuple[list, str]]:
+        """Yield (new token ids, finish reason or "") per round."""
+        config = request.sampling
+        rng = np.random.default_rng(request.seed)
+        tokens = list(request.prompt_ids)
+        seen = set(tokens)
+        runners = [self.target] + ([self.draft] if self.draft is not None and request.num_draft_tokens else [])
+        started = time.perf_counter()
+        for runner in runners:
+            runner.reset()
+            self._catch_up(runner, tokens, stats)
+        stats.prefill_seconds = time.perf_counter() - started
+        stats.verify_seconds = stats.draft_seconds = 0.0
+        started = time.perf_counter()
+        produced = 0
+        while produced < request.max_new_tokens:
+            gamma = min(request.num_draft_tokens, request.max_new_tokens - produced - 1)
+            drafts, draft_dists = self._propose(tokens, seen, gamma, config, rng, stats) if gamma > 0 else ([], [])
+            accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
+            if drafts:
+                # the draft's cache holds tokens + drafts[:-1]; keep only what was committed
+                self.draft.length = min(self.draft.length, len(tokens) + accepted)
+            new = drafts[:accepted] + [next_token]
+            finish = ""
+            for index, token in enumerate(new):
+                if token in self.eos_ids:
+                    new, finish = new[: index + 1], "eos"
+                    break
+            if request.stop:
+                new, stopped = self._stop_check(tokens[len(request.prompt_ids):], new, request.stop)
+                finish = "stop" if stopped else finish
+            tokens.extend(new)
+            seen.update(new)
+            produced += len(new)
+            stats.rounds += 1
+            stats.proposed += len(drafts)
+            stats.accepted += accepted
+            stats.new_tokens = produced
+            if not finish and produced >= request.max_new_tokens:
+                finish = "length"
+            stats.decode_seconds = time.perf_counter() - started
+            yield new, finish
+            if finish:
+                return
+        stats.decode_seconds = time.perf_counter() - started
+
+    def _timed_forward(self, runner: ModelRunner, feed, first_position: int, stats: GenerationStats):
+        begin = time.perf_counter()
+        logits = runner.forward(feed, range(first_position, first_position + len(feed)))
+        elapsed = time.perf_counter() - begin
+        if runner is self.target:
+            stats.verify_seconds += elapsed
+            stats.target_forwards += 1
+        else:
+            stats.draft_seconds += elapsed
+            stats.draft_forwards += 1
+        return logits
+
+    def _catch_up(self, runner: ModelRunner, tokens: list, stats: GenerationStats) -> None:
+        """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last 2 for the next step's feed."""
+        while runner.length < len(tokens) - 2:
+            chunk = tokens[runner.length : min(len(tokens) - 2, runner.length + PREFILL_CHUNK)]
+            self._timed_forward(runner, chunk, runner.length, stats)
+            runner.commit(len(chunk))
+
+    def _propose(self, tokens, seen, gamma, config, rng, stats):
+        """The draft's gamma tokens and, when sampling, the distributions it really drew them from."""
+        draft = self.draft
+        self._catch_up(draft, tokens, stats)
+        drafts, dists = [], []
+        feed = tokens[draft.length :]
+        for _ in range(gamma):
+            logits = self._timed_forward(draft, feed, draft.length, stats)
+            draft.commit(len(feed))
+            context = _context(seen, drafts, config)
+            if config.greedy:
+                token = greedy_token(logits[-1], context, config)
+            else:
+                dist = sampling_distribution(logits[-1], context, config)
+                token = sample(dist, rng)
+                dists.append(dist)
+            drafts.append(token)
+            if token in self.eos_ids:
+                break
+            feed = [token]
+        return drafts, dists
+
+    def _verify(self, tokens, seen, drafts, draft_dists, config, rng, stats) -> tuple[int, int]:
+        """One target pass over [pending, *drafts]; returns (accepted count, recovered or bonus token)."""
+        target = self.target
+        self._catch_up(target, tokens, stats)
+        feed = tokens[target.length :] + drafts
+        logits = self._timed_forward(target, feed, target.length, stats)
+        rows = logits[len(feed) - len(drafts) - 1 :]  # [gamma + 1, V]: row i scores the token after d_1..d_i
+        if config.greedy:
+            choices = np.array([greedy_token(rows[i], _context(seen, drafts[:i], config), config)
+                                for i in range(len(drafts) + 1)])
+            accepted, next_token = greedy_accept(np.array(drafts, dtype=np.int64), choices)
+        else:
+            target_dists = np.stack([sampling_distribution(rows[i], _context(seen, drafts[:i], config), config)
+                                     for i in range(len(drafts) + 1)])
+            draft_probs = np.stack(draft_dists) if drafts else np.zeros((0, rows.shape[1]))
+            accepted, next_token = speculative_accept(np.array(drafts, dtype=np.int64), draft_probs, target_dists, rng)
+        target.commit(len(feed) - len(drafts) + accepted)
+        return accepted, next_token
+
+    def _stop_check(self, output: list, new: list, stops: tuple) -> tuple[list, bool]:
+        """Cut ``new`` right after the token that completes a stop string, if any."""
+        for count in range(1, len(new) + 1):
+            text = self.codec.decode(output + new[:count])
+            if any(stop in text for stop in stops):
+                return new[:count], True
+        return new, False
+
+
+def _context(seen: set, candidates: list, config: SamplingConfig) -> np.ndarray:
+    """Unique ids a position sees for the repetition penalty: the sequence plus earlier candidates."""
+    if config.repetition_penalty == 1.0:
+        return _EMPTY
+    return np.fromiter(seen.union(candidates), dtype=np.int64)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _cut_at_stop(text: str, stops: tuple) -> str:
+    cut = min((text.find(stop) for stop in stops if stop in text), default=-1)
+    return text if cut < 0 else text[:cut]

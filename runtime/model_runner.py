@@ -1,0 +1,158 @@
+"""One exported model: an onnxruntime session, its preallocated KV cache, and IO binding.
+
+The cache is one array ``[layers, 2 (key, value), batch=1, max_context, kv_heads, head_dim]``
+allocated once. Slot j holds the keys/values of one token; ``length`` slots are valid.
+A forward pass over T new tokens binds ``cache[l, :, :, :length]`` as the past (read in
+place) and ``cache[l, :, :, length:length+T]`` as the output for the new rows, so the
+graph writes them straight into the cache: nothing is concatenated or copied on the host.
+``commit(n)`` keeps the first n new rows; rejected rows are simply overwritten by the next
+pass. Rollback is moving ``length``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .manifest import BundleError, ModelSpec
+from .masks import ancestor_matrix, chain_parents, fill_masks
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+_NUMPY_KV = {"float32": np.float32, "float16": np.float16}
+
+
+def providers_for(provider: str) -> list:
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider {provider!r} is not one of {', '.join(PROVIDERS)}")
+    wanted = PROVIDERS[provider][0]
+    if wanted not in ort.get_available_providers():
+        package = "onnxruntime-gpu" if provider in ("cuda", "tensorrt") else "onnxruntime"
+        raise ValueError(
+            f"provider {provider} requested but onnxruntime has no {wanted}: install {package}"
+            + (" (and TensorRT)" if provider == "tensorrt" else "")
+        )
+    return PROVIDERS[provider]
+
+
+class ModelRunner:
+    def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
+                 threads: int | None = None):
+        import onnxruntime as ort
+
+        if spec.kv_dtype not in _NUMPY_KV:
+            raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} has no numpy buffer on this runtime (use float32/float16)")
+        self.spec = spec
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(onnx_path, options, providers=providers_for(provider))
+        self._check_contract()
+        self.max_context = max_context
+        self.max_step_tokens = max_step_tokens
+        kv_dtype = _NUMPY_KV[spec.kv_dtype]
+        self.cache = np.zeros((spec.num_layers, 2, 1, max_context, spec.num_kv_heads, spec.head_dim), dtype=kv_dtype)
+        self.slot_positions = np.zeros(max_context, dtype=np.int64)
+        self.length = 0
+        self._ids = np.zeros(max_step_tokens, dtype=np.int64)
+        self._positions = np.zeros(max_step_tokens, dtype=np.int64)
+        self._mask = np.zeros(max_step_tokens * max_context, dtype=bool)
+        self._sliding = np.zeros_like(self._mask) if spec.has_sliding_mask else None
+        self._logits = np.zeros(max_step_tokens * spec.vocab_size, dtype=np.float32)
+        self._binding = self.session.io_binding()
+        self.forward_count = 0
+
+    def _check_contract(self) -> None:
+        """The graph's inputs and outputs must be exactly the manifest's (names and ranks)."""
+        for kind, declared, actual in (
+            ("input", self.spec.inputs, self.session.get_inputs()),
+            ("output", self.spec.outputs, self.session.get_outputs()),
+        ):
+            want = {spec.name: len(spec.shape) for spec in declared}
+            have = {arg.name: len(arg.shape) for arg in actual}
+            if want != have:
+                missing = sorted(set(want) - set(have)) or sorted(k for k in want if want[k] != have.get(k))
+                extra = sorted(set(have) - set(want))
+                raise BundleError(
+                    f"{self.spec.role} ONNX {kind}s disagree with manifest.json "
+                    f"(manifest-only or different rank: {missing[:3]}, graph-only: {extra[:3]}): the bundle is corrupt"
+                )
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def forward(self, tokens, positions, parents=None) -> np.ndarray:
+        """Run T new tokens after the valid past; returns a view of the logits [T, V] (valid until the next call).
+
+        tokens, positions: [T] ints. parents: [T] tree parents (-1 = the past); None = a chain.
+        New KV rows land in slots [length, length + T); call ``commit`` to keep some of them.
+        """
+        spec = self.spec
+        count = len(tokens)
+        past = self.length
+        if count > self.max_step_tokens:
+            raise ValueError(f"{count} tokens in one pass exceed this runner's {self.max_step_tokens}")
+        if past + count > self.max_context:
+            raise ValueError(f"context of {past + count} tokens exceeds max_context {self.max_context}")
+        ids, pos = self._ids[:count], self._positions[:count]
+        ids[:] = tokens
+        pos[:] = positions
+        total = past + count
+        mask = self._mask[: count * total].reshape(count, total)
+        sliding = None if self._sliding is None else self._sliding[: count * total].reshape(count, total)
+        visible = ancestor_matrix(np.asarray(parents)) if parents is not None else _chain_visibility(count)
+        fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, spec.sliding_window)
+        logits = self._logits[: count * spec.vocab_size].reshape(1, count, spec.vocab_size)
+
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        _bind(binding.bind_input, "input_ids", ids.reshape(1, count))
+        _bind(binding.bind_input, "position_ids", pos.reshape(1, count))
+        _bind(binding.bind_input, "attention_mask", mask.reshape(1, count, total))
+        if sliding is not None:
+            _bind(binding.bind_input, "sliding_attention_mask", sliding.reshape(1, count, total))
+        _bind(binding.bind_output, "logits", logits)
+        for layer, names in enumerate(spec.kv):
+            keys, values = self.cache[layer, 0], self.cache[layer, 1]  # [1, C, KVH, D]
+            _bind(binding.bind_input, names.past_key, keys[:, :past])
+            _bind(binding.bind_input, names.past_value, values[:, :past])
+            _bind(binding.bind_output, names.new_key, keys[:, past:total])
+            _bind(binding.bind_output, names.new_value, values[:, past:total])
+        self.session.run_with_iobinding(binding)
+        self.slot_positions[past:total] = pos
+        self.forward_count += 1
+        return logits[0]
+
+    def commit(self, count: int) -> None:
+        """Keep the first ``count`` rows written by the last forward."""
+        self.length += count
+
+    def move_rows(self, sources: np.ndarray, first_slot: int) -> None:
+        """Copy slots ``sources`` (ascending) to ``first_slot``, ``first_slot + 1``, ... (tree compaction)."""
+        for offset, slot in enumerate(sources):
+            target = first_slot + offset
+            if slot != target:
+                self.cache[:, :, :, target] = self.cache[:, :, :, slot]
+                self.slot_positions[target] = self.slot_positions[slot]
+
+
+_CHAIN_CACHE: dict = {}
+
+
+def _chain_visibility(count: int) -> np.ndarray:
+    if count not in _CHAIN_CACHE:
+        _CHAIN_CACHE[count] = ancestor_matrix(chain_parents(count))
+    return _CHAIN_CACHE[count]
+
+
+def _bind(bind, name: str, array: np.ndarray) -> None:
+    """Bind a contiguous numpy view by pointer: onnxruntime reads or writes it in place."""
+    assert array.flags.c_contiguous, name
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

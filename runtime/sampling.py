@@ -1,0 +1,133 @@
+"""Sampling options and logits processors, with Hugging Face transformers' semantics and order.
+
+Order (as ``GenerationMixin`` builds it): repetition penalty, then temperature, top-k,
+top-p, min-p. Greedy decoding (temperature 0) applies only the repetition penalty and
+takes the argmax, as transformers' greedy search does. Pure numpy functions over one row
+of logits; the caller decides which context each row sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NEG_INF = np.float32(-np.inf)
+# top-p looks at the largest candidates first and sorts the whole vocabulary only when
+# they do not already hold top_p of the mass.
+_TOP_P_CANDIDATES = 2048
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p < 1.0):
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if not (self.repetition_penalty > 0.0 and np.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def apply_repetition_penalty(
+    logits: np.ndarray,  # [V] float32, modified in place
+    seen_tokens: np.ndarray,  # [N] int64, unique ids already in the sequence
+    penalty: float,
+) -> None:
+    if penalty == 1.0 or len(seen_tokens) == 0:
+        return
+    scores = logits[seen_tokens]
+    logits[seen_tokens] = np.where(scores < 0, scores * penalty, scores / penalty)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:  # [V] -> [V] float64
+    shifted = logits.astype(np.float64) - np.max(logits)
+    probs = np.exp(shifted)
+    return probs / probs.sum()
+
+
+def warp(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
+    """Temperature, top-k, top-p, min-p on penalized logits [V]; returns the sampling distribution [V] float64."""
+    scores = logits.astype(np.float32) / np.float32(config.temperature)
+    vocab = scores.shape[0]
+    if 0 < config.top_k < vocab:
+        # transformers keeps every token whose score ties the k-th largest
+        kth = np.partition(scores, vocab - config.top_k)[vocab - config.top_k]
+        scores = np.where(scores < kth, NEG_INF, scores)
+    if config.top_p < 1.0:
+        scores = _top_p(scores, config.top_p)
+    if config.min_p > 0.0:
+        probs = _softmax(scores)
+        scores = np.where(probs < config.min_p * probs.max(), NEG_INF, scores)
+    return _softmax(scores)
+
+
+def _top_p(scores: np.ndarray, top_p: float) -> np.ndarray:
+    """transformers' TopPLogitsWarper: drop the smallest tokens whose cumulative mass is <= 1 - top_p."""
+    probs = _softmax(scores)
+    vocab = len(scores)
+    order = None
+    if vocab > _TOP_P_CANDIDATES:
+        candidates = np.argpartition(probs, vocab - _TOP_P_CANDIDATES)[vocab - _TOP_P_CANDIDATES :]
+        if probs[candidates].sum() > top_p + 1e-6:
+            # The kept set lies within the candidates: tokens outside hold < 1 - top_p in total.
+            order = candidates[np.argsort(probs[candidates], kind="stable")]
+            rest = probs.sum() - probs[order].sum()
+            cumulative = rest + np.cumsum(probs[order])
+            drop_mask = np.ones(vocab, dtype=bool)
+            keep = order[cumulative > 1.0 - top_p]
+            keep = order[-1:] if len(keep) == 0 else keep
+            drop_mask[keep] = False
+            return np.where(drop_mask, NEG_INF, scores)
+    order = np.argsort(probs, kind="stable")  # ascending, as transformers sorts
+    cumulative = np.cumsum(probs[order])
+    remove_sorted = cumulative <= 1.0 - top_p
+    remove_sorted[-1] = False  # min_tokens_to_keep = 1
+    remove = np.empty(vocab, dtype=bool)
+    remove[order] = remove_sorted
+    return np.where(remove, NEG_INF, scores)
+
+
+def sampling_distribution(
+    logits: np.ndarray,  # [V] raw logits of one position
+    seen_tokens: np.ndarray,  # [N] int64 unique ids in the context this position sees
+    config: SamplingConfig,
+) -> np.ndarray:
+    """The exact distribution a token at this position is drawn from ([V] float64), all processors applied."""
+    penalized = np.array(logits, dtype=np.float32, copy=True)
+    apply_repetition_penalty(penalized, seen_tokens, config.repetition_penalty)
+    return warp(penalized, config)
+
+
+def greedy_token(logits: np.ndarray, seen_tokens: np.ndarray, config: SamplingConfig) -> int:
+    """transformers' greedy choice: argmax of the repetition-penalized logits."""
+    if config.repetition_penalty == 1.0:
+        return int(np.argmax(logits))
+    penalized = np.array(logits, dtype=np.float32, copy=True)
+    apply_repetition_penalty(penalized, seen_tokens, config.repetition_penalty)
+    return int(np.argmax(penalized))
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from ``probs`` [V] (non-negative, any positive total) by inverse CDF."""
+    cumulative = np.cumsum(probs)
+    total = cumulative[-1]
+    index = int(np.searchsorted(cumulative, rng.random() * total, side="right"))
+    index = min(index, len(probs) - 1)
+    while probs[index] <= 0.0:  # never return a zero-probability token (float edge at the top of the CDF)
+        index -= 1
+    return index

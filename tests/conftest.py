@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random-weight models and bundles, built once per test session."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import build_tiny_model, build_noisy_copy  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dirs(tmp_path_factory):
+    """(target folder, draft folder): a llama target and a draft that is a noisy copy of it."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    target = build_tiny_model(root / "target", "llama", seed=0)
+    draft = build_noisy_copy(target, root / "draft", noise=0.005, seed=1)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_pair_dirs, tmp_path_factory):
+    pytest.importorskip("torch")
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    target, draft = tiny_pair_dirs
+    out = tmp_path_factory.mktemp("bundles") / "tiny"
+    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out), progress=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tiny_bundle):
+    from specdec import SpeculativeDecoder
+
+    return SpeculativeDecoder.load(tiny_bundle)

@@ -302,18 +302,22 @@ class SpeculativeDecoder:
         for _ in range(gamma):
             logits = self._timed_forward(draft, feed, draft.length, stats)
             draft.commit(len(feed))
-            context = _context(seen, drafts, config)
-            if config.greedy:
-                token = greedy_token(logits[-1], context, config)
-            else:
-                dist = sampling_distribution(logits[-1], context, config)
-                token = sample(dist, rng)
+            token, dist = self._draft_step(logits[-1], _context(seen, drafts, config), config, rng)
+            if dist is not None:
                 dists.append(dist)
             drafts.append(token)
             if token in self.eos_ids:
                 break
             feed = [token]
         return drafts, dists
+
+    @staticmethod
+    def _draft_step(logits, context, config: SamplingConfig, rng):
+        """(token, the distribution it was drawn from, all processors applied; None when greedy)."""
+        if config.greedy:
+            return greedy_token(logits, context, config), None
+        dist = sampling_distribution(logits, context, config)
+        return sample(dist, rng), dist
 
     def _verify(self, tokens, seen, drafts, draft_dists, config, rng, stats) -> tuple[int, int]:
         """One target pass over [pending, *drafts]; returns (accepted count, recovered or bonus token)."""

@@ -1,0 +1,100 @@
+"""Speculative sampling is lossless: the first two tokens follow the target's exact distribution.
+
+The reference is computed independently of the runtime: the Hugging Face model's logits and
+transformers' own LogitsProcessors give the exact joint distribution of the first two
+tokens. Thousands of speculative runs (draft deliberately different) are compared with a
+chi-square test; the same test fails when the draft records the untruncated softmax
+instead of the distribution it really sampled from.
+"""
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from specdec import SamplingConfig, SpeculativeDecoder
+from specdec.runtime.sampling import sample
+
+torch = pytest.importorskip("torch")
+
+from test_processors import hf_distribution  # noqa: E402
+from tiny_models import build_noisy_copy  # noqa: E402
+
+CONFIG = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, repetition_penalty=1.3)
+PROMPT = "def f(x):"
+RUNS = 3000
+
+
+@pytest.fixture(scope="module")
+def different_pair(tiny_pair_dirs, tmp_path_factory):
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    target, _ = tiny_pair_dirs
+    root = tmp_path_factory.mktemp("stat_pair")
+    draft = build_noisy_copy(target, root / "draft", noise=0.03, seed=3)
+    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=root / "bundle", parity=False),
+                  progress=lambda msg: None)
+    return target, root / "bundle"
+
+
+def exact_joint(target_dir, prompt_ids):
+    """{(x1, x2): probability} from the Hugging Face model and transformers' processors."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+
+    def dist(ids):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+        return hf_distribution(logits, ids, CONFIG)
+
+    joint = {}
+    first = dist(prompt_ids)
+    for x1 in np.flatnonzero(first):
+        second = dist(prompt_ids + [int(x1)])
+        for x2 in np.flatnonzero(second):
+            joint[(int(x1), int(x2))] = first[x1] * second[x2]
+    return joint
+
+
+def sampled_pvalue(decoder, joint):
+    counts = {}
+    for seed in range(RUNS):
+        ids = decoder.generate(PROMPT, max_new_tokens=3, sampling=CONFIG, num_draft_tokens=2, seed=seed).token_ids
+        counts[tuple(ids[:2])] = counts.get(tuple(ids[:2]), 0) + 1
+    assert set(counts) <= set(joint), "a sampled pair has zero target probability"
+    keys = sorted(joint, key=joint.get, reverse=True)
+    big = [k for k in keys if joint[k] * RUNS >= 5]
+    expected = [joint[k] * RUNS for k in big] + [RUNS * (1 - sum(joint[k] for k in big))]
+    observed = [counts.get(k, 0) for k in big] + [RUNS - sum(counts.get(k, 0) for k in big)]
+    if expected[-1] < 1e-9:
+        expected, observed = expected[:-1], observed[:-1]
+    return chisquare(observed, np.array(expected) * sum(observed) / sum(expected)).pvalue
+
+
+def test_speculative_sampling_matches_exact_target_distribution(different_pair):
+    target_dir, bundle = different_pair
+    decoder = SpeculativeDecoder.load(bundle)
+    joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
+    assert 3 <= len(joint) and abs(sum(joint.values()) - 1) < 1e-6
+    stats = decoder.generate(PROMPT, max_new_tokens=64, sampling=CONFIG, num_draft_tokens=2, seed=0).stats
+    assert 0.1 < stats.acceptance_rate < 0.95  # both acceptance and rejection are exercised
+    assert sampled_pvalue(decoder, joint) > 1e-3
+
+
+def test_recording_the_untruncated_softmax_is_caught(different_pair, monkeypatch):
+    target_dir, bundle = different_pair
+    decoder = SpeculativeDecoder.load(bundle)
+    joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
+
+
+    def untruncated_record(logits, context, config, rng):
+        from specdec.runtime.sampling import sampling_distribution
+
+        dist = sampling_distribution(logits, context, config)
+        token = sample(dist, rng)
+        scaled = logits.astype(np.float64) / config.temperature
+        softmax = np.exp(scaled - scaled.max())
+        return token, softmax / softmax.sum()  # records what it did NOT sample from
+
+    monkeypatch.setattr(SpeculativeDecoder, "_draft_step", staticmethod(untruncated_record))
+    assert sampled_pvalue(decoder, joint) < 1e-4

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .acceptance import greedy_accept, speculative_accept
+from .cost_model import AutoDraftLength, Costs, calibrate
 from .bundle import inside, open_bundle
 from .model_runner import ModelRunner
 from .sampling import SamplingConfig, greedy_token, sample, sampling_distribution
@@ -32,6 +33,7 @@ from .text import IncrementalDecoder, TextCodec
 
 PREFILL_CHUNK = 64  # tokens per prefill pass: bounds the logits buffer at chunk x vocab floats
 MAX_DRAFT_TOKENS = 16
+AUTO_MAX_DRAFT_TOKENS = 8
 DEFAULT_MAX_CONTEXT = 2048
 
 
@@ -99,7 +101,7 @@ class _Request:
     prompt_ids: tuple
     max_new_tokens: int
     sampling: SamplingConfig
-    num_draft_tokens: int
+    num_draft_tokens: int | str  # or "auto"
     seed: int | None
     stop: tuple = field(default_factory=tuple)
 
@@ -116,6 +118,17 @@ class SpeculativeDecoder:
         self.eos_ids = frozenset(manifest.target.eos_token_ids)
         self.max_context = target.max_context
         self._busy = threading.Lock()
+        self._costs: Costs | None = None
+
+    def costs(self) -> Costs:
+        """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
+        with self._exclusive():
+            return self._measured_costs()
+
+    def _measured_costs(self) -> Costs:
+        if self._costs is None:
+            self._costs = calibrate(self.target, self.draft, max_tokens=AUTO_MAX_DRAFT_TOKENS + 1)
+        return self._costs
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -140,7 +153,7 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
-                 num_draft_tokens: int = 4, seed: int | None = 0, stop: Sequence[str] = ()) -> GenerationResult:
+                 num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = ()) -> GenerationResult:
         request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop)
         with self._exclusive():
             stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
@@ -154,7 +167,7 @@ class SpeculativeDecoder:
         return GenerationResult(text=text, token_ids=output, stats=stats, finish_reason=finish)
 
     def stream(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
-               num_draft_tokens: int = 4, seed: int | None = 0, stop: Sequence[str] = (),
+               num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
                stats: GenerationStats | None = None) -> Iterator[str]:
         """Yield text pieces as rounds complete; the same tokens as ``generate`` with the same arguments."""
         request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop)
@@ -190,20 +203,26 @@ class SpeculativeDecoder:
             raise GenerationError("prompt is empty: give some text or token ids")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or not (
+        if num_draft_tokens == "auto":
+            longest = AUTO_MAX_DRAFT_TOKENS if self.draft is not None else 0
+        elif isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or not (
             0 <= num_draft_tokens <= MAX_DRAFT_TOKENS
         ):
-            raise GenerationError(f"num_draft_tokens must be an integer in 0..{MAX_DRAFT_TOKENS}, got {num_draft_tokens!r}")
-        if num_draft_tokens > 0 and self.draft is None:
+            raise GenerationError(
+                f"num_draft_tokens must be \"auto\" or an integer in 0..{MAX_DRAFT_TOKENS}, got {num_draft_tokens!r}"
+            )
+        elif num_draft_tokens > 0 and self.draft is None:
             raise GenerationError("this bundle has no draft model: use num_draft_tokens=0")
+        else:
+            longest = num_draft_tokens
         sampling = sampling if sampling is not None else SamplingConfig()
         if not isinstance(sampling, SamplingConfig):
             raise GenerationError("sampling must be a SamplingConfig")
-        needed = len(prompt_ids) + max_new_tokens + num_draft_tokens + 1
+        needed = len(prompt_ids) + max_new_tokens + longest + 1
         if needed > self.max_context:
             raise GenerationError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) + draft tokens "
-                f"({num_draft_tokens}) + 1 = {needed} exceeds max_context {self.max_context}: "
+                f"({longest}) + 1 = {needed} exceeds max_context {self.max_context}: "
                 "shorten the prompt, lower max_new_tokens, or load with a larger max_context"
             )
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
@@ -234,6 +253,9 @@ class SpeculativeDecoder:
         rng = np.random.default_rng(request.seed)
         tokens = list(request.prompt_ids)
         seen = set(tokens)
+        auto = None
+        if request.num_draft_tokens == "auto" and self.draft is not None:
+            auto = AutoDraftLength(self._measured_costs(), max_gamma=AUTO_MAX_DRAFT_TOKENS)
         runners = [self.target] + ([self.draft] if self.draft is not None and request.num_draft_tokens else [])
         started = time.perf_counter()
         for runner in runners:
@@ -244,9 +266,12 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         produced = 0
         while produced < request.max_new_tokens:
-            gamma = min(request.num_draft_tokens, request.max_new_tokens - produced - 1)
+            wanted = (auto.choose() if auto else 0) if request.num_draft_tokens == "auto" else request.num_draft_tokens
+            gamma = min(wanted, request.max_new_tokens - produced - 1)
             drafts, draft_dists = self._propose(tokens, seen, gamma, config, rng, stats) if gamma > 0 else ([], [])
             accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
+            if auto is not None:
+                auto.observe(len(drafts), accepted)
             if drafts:
                 # the draft's cache holds tokens + drafts[:-1]; keep only what was committed
                 self.draft.length = min(self.draft.length, len(tokens) + accepted)

@@ -1,0 +1,192 @@
+"""``specdec bench``: speculative vs target-only, side by side in one process, on the same prompts.
+
+Modes (draft lengths, "auto", 0 = target-only) run interleaved per prompt, in a rotating
+order, for ``--repeat`` passes, so machine noise hits every mode alike. Reported per mode and
+prompt kind: decode tokens/s, speedup vs target-only (ratio of summed decode times for the
+same prompts), acceptance, mean accepted per round, time split, the cost model's predicted
+speedup, and (greedy) how many outputs are token-identical to target-only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .cost_model import expected_speedup
+
+
+def add_bench_parser(commands) -> None:
+    from .cli import add_load_args
+
+    bench = commands.add_parser("bench", help="speculative vs target-only on a prompt set")
+    bench.add_argument("bundle")
+    bench.add_argument("--prompts", required=True, help="JSON list of {id, kind, prompt}")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--draft-tokens", default="0,1,2,4,auto", help="comma list of draft lengths and/or auto")
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--repeat", type=int, default=1)
+    bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    bench.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png")
+    add_load_args(bench)
+
+
+def _modes(text: str) -> list:
+    modes = []
+    for item in text.split(","):
+        item = item.strip()
+        mode = "auto" if item == "auto" else int(item)
+        if mode not in modes:
+            modes.append(mode)
+    if 0 not in modes:
+        modes.insert(0, 0)  # the baseline is always measured
+    return modes
+
+
+def load_prompts(path: str, limit: int | None) -> list:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read prompts from {path}: {exc}") from None
+    if not isinstance(data, list) or not all(isinstance(d, dict) and "prompt" in d for d in data):
+        raise ValueError(f"{path} must be a JSON list of objects with a 'prompt' (and optional 'id', 'kind')")
+    prompts = [{"id": d.get("id", str(i)), "kind": d.get("kind", "all"), "prompt": d["prompt"]} for i, d in enumerate(data)]
+    return prompts[:limit] if limit else prompts
+
+
+def run_bench(decoder, prompts: list, modes: list, max_new_tokens: int, temperature: float, repeat: int,
+              progress=None) -> dict:
+    from .sampling import SamplingConfig
+
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    sampling = SamplingConfig(temperature=temperature)
+    progress("calibrating pass costs (target over T = 1..9 tokens, draft step)")
+    costs = decoder.costs()
+    progress("verify cost c(T)/c(1): " + ", ".join(f"T={t + 1} {r:.2f}x" for t, r in enumerate(costs.relative_curve()))
+             + f"; draft step {costs.draft_step / costs.verify[0]:.2f}x of a target step")
+    decoder.generate(prompts[0]["prompt"], max_new_tokens=8, sampling=sampling, num_draft_tokens=0)  # warm-up
+    runs = []
+    total = repeat * len(prompts) * len(modes)
+    done = 0
+    for rep in range(repeat):
+        for index, item in enumerate(prompts):
+            order = modes[(index + rep) % len(modes):] + modes[: (index + rep) % len(modes)]
+            for mode in order:
+                result = decoder.generate(item["prompt"], max_new_tokens=max_new_tokens, sampling=sampling,
+                                          num_draft_tokens=mode, seed=rep)
+                done += 1
+                stats = result.stats
+                runs.append({"prompt": item["id"], "kind": item["kind"], "mode": str(mode), "repeat": rep,
+                             "tokens": result.token_ids, **stats.as_dict()})
+                progress(f"[{done}/{total}] {item['id']} draft={mode}: {stats.tokens_per_s:.1f} tok/s, "
+                         f"acceptance {stats.acceptance_rate:.2f}")
+    return {"costs": {"draft_step": costs.draft_step, "verify": list(costs.verify)},
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "repeat": repeat,
+            "modes": [str(m) for m in modes], "runs": runs, "summary": summarize(runs, costs, temperature)}
+
+
+def summarize(runs: list, costs, temperature: float) -> list:
+    """One row per (kind, mode), kinds plus 'all'."""
+    baseline = {(r["prompt"], r["repeat"]): r for r in runs if r["mode"] == "0"}
+    kinds = sorted({r["kind"] for r in runs}) + ["all"]
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    rows = []
+    for kind in kinds:
+        for mode in modes:
+            chosen = [r for r in runs if r["mode"] == mode and (kind == "all" or r["kind"] == kind)]
+            if not chosen:
+                continue
+            base = [baseline[(r["prompt"], r["repeat"])] for r in chosen]
+            tokens = sum(r["new_tokens"] for r in chosen)
+            seconds = sum(r["decode_seconds"] for r in chosen)
+            base_rate = sum(b["new_tokens"] for b in base) / max(sum(b["decode_seconds"] for b in base), 1e-9)
+            rate = tokens / max(seconds, 1e-9)
+            proposed = sum(r["proposed"] for r in chosen)
+            accepted = sum(r["accepted"] for r in chosen)
+            acceptance = accepted / proposed if proposed else 0.0
+            rounds = sum(r["rounds"] for r in chosen)
+            predicted = None
+            if mode not in ("0", "auto"):
+                predicted = expected_speedup(min(acceptance, 0.999999), int(mode), costs)
+            identical = sum(r["tokens"] == b["tokens"] for r, b in zip(chosen, base)) if temperature == 0 else None
+            rows.append({
+                "kind": kind, "mode": mode, "runs": len(chosen), "tokens_per_s": rate, "speedup": rate / base_rate,
+                "predicted_speedup": predicted, "acceptance": acceptance,
+                "accepted_per_round": accepted / rounds if rounds else 0.0,
+                "tokens_per_target_pass": tokens / max(sum(r["target_forwards"] for r in chosen), 1),
+                "draft_s": sum(r["draft_seconds"] for r in chosen), "verify_s": sum(r["verify_seconds"] for r in chosen),
+                "host_s": sum(r["host_seconds"] for r in chosen), "identical_to_target_only": identical,
+            })
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "| kind | draft tokens | tok/s | speedup | predicted | acceptance | accepted/round | draft s | verify s | host s | greedy == target-only |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["summary"]:
+        predicted = f"{row['predicted_speedup']:.2f}x" if row["predicted_speedup"] else "-"
+        identical = f"{row['identical_to_target_only']}/{row['runs']}" if row["identical_to_target_only"] is not None else "-"
+        mode = "target only" if row["mode"] == "0" else row["mode"]
+        lines.append(
+            f"| {row['kind']} | {mode} | {row['tokens_per_s']:.2f} | {row['speedup']:.2f}x | {predicted} | "
+            f"{row['acceptance']:.2f} | {row['accepted_per_round']:.2f} | {row['draft_s']:.1f} | {row['verify_s']:.1f} | "
+            f"{row['host_s']:.2f} | {identical} |"
+        )
+    curve = ", ".join(f"T={t + 1}: {c / report['costs']['verify'][0]:.2f}x" for t, c in enumerate(report["costs"]["verify"]))
+    lines.append("")
+    lines.append(f"Target pass cost relative to T=1: {curve}. Draft step: "
+                 f"{report['costs']['draft_step'] / report['costs']['verify'][0]:.2f}x of a target step.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in report["summary"] if r["kind"] == "all" and r["mode"] not in ("0", "auto")]
+    if not rows:
+        return False
+    gammas = [int(r["mode"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(gammas, [r["speedup"] for r in rows], "o-", label="measured")
+    ax.plot(gammas, [r["predicted_speedup"] for r in rows], "s--", label="predicted (cost model)")
+    auto = [r for r in report["summary"] if r["kind"] == "all" and r["mode"] == "auto"]
+    if auto:
+        ax.axhline(auto[0]["speedup"], color="green", linestyle=":", label="auto (measured)")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("draft tokens per round (g)")
+    ax.set_ylabel("speedup vs target-only")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def cmd_bench(args) -> int:
+    from .decoder import SpeculativeDecoder
+
+    prompts = load_prompts(args.prompts, args.limit)
+    modes = _modes(args.draft_tokens)
+    started = time.perf_counter()
+    decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
+                                      threads=args.threads, verify=not args.no_verify)
+    report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat)
+    report["command"] = " ".join(sys.argv)
+    report["seconds"] = time.perf_counter() - started
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    table = markdown(report)
+    (out / "bench.md").write_text(table)
+    plotted = plot(report, out / "bench.png")
+    print(table)
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + (f", {out / 'bench.png'}" if plotted else ""))
+    return 0

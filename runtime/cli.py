@@ -1,0 +1,97 @@
+"""``specdec``: a thin argv front over the runtime (generate, bench, demo)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _draft_tokens(value: str):
+    return value if value == "auto" else int(value)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def add_load_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt"])
+    parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default 2048)")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with a specdec bundle.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="generate text from a prompt")
+    generate.add_argument("bundle")
+    generate.add_argument("prompt")
+    add_sampling_args(generate)
+    add_load_args(generate)
+    generate.add_argument("--draft-tokens", type=_draft_tokens, default=4, help="draft length per round, 0 = target only")
+    generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+
+    from .bench import add_bench_parser
+
+    add_bench_parser(commands)
+    return parser
+
+
+def _load(args):
+    from .decoder import SpeculativeDecoder
+
+    return SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
+                                   threads=args.threads, verify=not args.no_verify)
+
+
+def _sampling(args):
+    from .sampling import SamplingConfig
+
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty)
+
+
+def cmd_generate(args) -> int:
+    from .decoder import GenerationStats
+
+    decoder = _load(args)
+    kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=_sampling(args), num_draft_tokens=args.draft_tokens,
+                  seed=args.seed)
+    if args.stream:
+        stats = GenerationStats()
+        for piece in decoder.stream(args.prompt, stats=stats, **kwargs):
+            print(piece, end="", flush=True)
+        print()
+    else:
+        result = decoder.generate(args.prompt, **kwargs)
+        print(result.text)
+        stats = result.stats
+    print(f"[specdec] {stats.summary()}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"generate": cmd_generate}
+    from .bench import cmd_bench
+
+    handlers["bench"] = cmd_bench
+    try:
+        return handlers[args.command](args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""When speculation pays: expected speedup from measured costs and a running acceptance estimate.
+
+Leviathan et al. 2023 (Fast Inference from Transformers via Speculative Decoding), with a
+per-token acceptance rate ``a`` and draft length ``g``:
+  expected tokens per round  E(g) = (1 - a^(g+1)) / (1 - a)
+  cost of a round            C(g) = g * c_draft + c_verify(g + 1)
+  speedup vs target-only     S(g) = E(g) * c_verify(1) / C(g)        (S(0) = 1: plain decoding)
+Costs come from timing this machine's own forward passes (``calibrate``), so the choice of g
+reflects how the verify cost really grows with T here. Pure functions, plus a small
+per-request controller for ``num_draft_tokens="auto"``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Costs:
+    draft_step: float  # seconds for one draft pass over one token
+    verify: tuple  # verify[T - 1]: seconds for one target pass over T tokens, T = 1..len(verify)
+
+    def __post_init__(self):
+        if self.draft_step < 0 or not self.verify or min(self.verify) <= 0:
+            raise ValueError("costs must be positive, with at least the T=1 target cost")
+
+    def verify_cost(self, tokens: int) -> float:
+        if tokens <= len(self.verify):
+            return self.verify[tokens - 1]
+        # beyond the measured range: extend linearly from the last two points
+        last, prev = self.verify[-1], self.verify[-2] if len(self.verify) > 1 else self.verify[-1]
+        return last + (tokens - len(self.verify)) * max(last - prev, 0.0)
+
+    @property
+    def max_gamma(self) -> int:
+        return len(self.verify) - 1
+
+    def relative_curve(self) -> list:
+        """c_verify(T) / c_verify(1) for T = 1..len(verify)."""
+        return [cost / self.verify[0] for cost in self.verify]
+
+
+def expected_tokens_per_round(acceptance: float, gamma: int) -> float:
+    if acceptance >= 1.0:
+        return gamma + 1.0
+    return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
+
+
+def expected_speedup(acceptance: float, gamma: int, costs: Costs) -> float:
+    if gamma == 0:
+        return 1.0
+    round_cost = gamma * costs.draft_step + costs.verify_cost(gamma + 1)
+    return expected_tokens_per_round(acceptance, gamma) * costs.verify_cost(1) / round_cost
+
+
+def best_gamma(acceptance: float, costs: Costs, max_gamma: int | None = None) -> tuple[int, float]:
+    """(g, predicted speedup) maximizing the speedup over g = 0..max_gamma; g = 0 means plain decoding."""
+    limit = costs.max_gamma if max_gamma is None else max_gamma
+    candidates = [(expected_speedup(acceptance, g, costs), -g) for g in range(0, limit + 1)]
+    speedup, neg_gamma = max(candidates)
+    return -neg_gamma, speedup
+
+
+class AutoDraftLength:
+    """Chooses g for each round from the costs and a running acceptance estimate.
+
+    The estimate is the maximum-likelihood rate of the geometric acceptance model over
+    exponentially decayed counts: accepted / (accepted + rejections). When the bound says
+    speculation loses, rounds run target-only and every ``probe_every`` rounds one probe
+    round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
+    """
+
+    def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
+                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02):
+        self.costs = costs
+        self.max_gamma = min(max_gamma, costs.max_gamma)
+        self.accepted = prior_acceptance * prior_weight
+        self.rejected = (1.0 - prior_acceptance) * prior_weight
+        self.decay = decay
+        self.probe_every = probe_every
+        self.min_gain = min_gain  # speculation must promise at least this ratio to be tried
+        self.rounds_without_draft = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def choose(self) -> int:
+        gamma, speedup = best_gamma(self.acceptance, self.costs, self.max_gamma)
+        if gamma > 0 and speedup >= self.min_gain:
+            self.rounds_without_draft = 0
+            return gamma
+        self.rounds_without_draft += 1
+        if self.rounds_without_draft >= self.probe_every:
+            self.rounds_without_draft = 0
+            return 1
+        return 0
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejected = self.rejected * self.decay + (1.0 if accepted < proposed else 0.0)
+
+
+def time_passes(runner, tokens: int, context: int, repeats: int) -> float:
+    """Median seconds of ``repeats`` forward passes of ``tokens`` new tokens after ``context`` cached slots."""
+    saved = runner.length
+    runner.length = context
+    runner.slot_positions[:context] = np.arange(context)
+    ids = [0] * tokens
+    try:
+        times = []
+        for _ in range(repeats):
+            begin = time.perf_counter()
+            runner.forward(ids, range(context, context + tokens))
+            times.append(time.perf_counter() - begin)
+    finally:
+        runner.length = saved
+    return float(np.median(times))
+
+
+def calibrate(target, draft, max_tokens: int = 9, context: int = 256, repeats: int = 3) -> Costs:
+    """Measure this machine's costs on the loaded runners (draft may be None)."""
+    context = min(context, target.max_context - max_tokens - 1)
+    time_passes(target, 1, context, 1)  # warm-up (first runs allocate)
+    verify = tuple(time_passes(target, t, context, repeats) for t in range(1, max_tokens + 1))
+    draft_step = 0.0
+    if draft is not None:
+        time_passes(draft, 1, context, 1)
+        draft_step = time_passes(draft, 1, context, repeats)
+    return Costs(draft_step=draft_step, verify=verify)

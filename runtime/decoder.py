@@ -26,6 +26,7 @@ import numpy as np
 
 from .acceptance import greedy_accept, speculative_accept
 from .cost_model import AutoDraftLength, Costs, calibrate
+from .lookup import lookup_proposal, one_hot_rows
 from .bundle import inside, open_bundle
 from .model_runner import ModelRunner
 from .sampling import SamplingConfig, greedy_token, sample, sampling_distribution
@@ -34,6 +35,7 @@ from .text import IncrementalDecoder, TextCodec
 PREFILL_CHUNK = 64  # tokens per prefill pass: bounds the logits buffer at chunk x vocab floats
 MAX_DRAFT_TOKENS = 16
 AUTO_MAX_DRAFT_TOKENS = 8
+PROPOSERS = ("draft", "lookup", "hybrid")
 DEFAULT_MAX_CONTEXT = 2048
 
 
@@ -50,6 +52,7 @@ class GenerationStats:
     draft_forwards: int = 0
     proposed: int = 0
     accepted: int = 0
+    lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -104,6 +107,7 @@ class _Request:
     num_draft_tokens: int | str  # or "auto"
     seed: int | None
     stop: tuple = field(default_factory=tuple)
+    proposer: str = "draft"
 
 
 class SpeculativeDecoder:
@@ -153,8 +157,16 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
-                 num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = ()) -> GenerationResult:
-        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop)
+                 num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
+                 proposer: str = "draft") -> GenerationResult:
+        """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
+
+        num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
+        the running acceptance; falls back to plain decoding when speculation would lose) or 0 (target only).
+        proposer: "draft" (the draft model), "lookup" (n-gram prompt lookup, no draft model needed) or
+        "hybrid" (lookup when the text repeats, the draft model otherwise).
+        """
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer)
         with self._exclusive():
             stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
             output: list[int] = []
@@ -168,9 +180,9 @@ class SpeculativeDecoder:
 
     def stream(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-               stats: GenerationStats | None = None) -> Iterator[str]:
+               proposer: str = "draft", stats: GenerationStats | None = None) -> Iterator[str]:
         """Yield text pieces as rounds complete; the same tokens as ``generate`` with the same arguments."""
-        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop)
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer)
         stats = stats if stats is not None else GenerationStats()
         stats.prompt_tokens = len(request.prompt_ids)
         with self._exclusive():
@@ -189,7 +201,7 @@ class SpeculativeDecoder:
                 yield tail
 
     # ----------------------------------------------------------------- validation
-    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop) -> _Request:
+    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer) -> _Request:
         if isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("prompt is empty: give some text or token ids")
@@ -203,18 +215,20 @@ class SpeculativeDecoder:
             raise GenerationError("prompt is empty: give some text or token ids")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if proposer not in PROPOSERS:
+            raise GenerationError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
         if num_draft_tokens == "auto":
-            longest = AUTO_MAX_DRAFT_TOKENS if self.draft is not None else 0
+            longest = AUTO_MAX_DRAFT_TOKENS
         elif isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or not (
             0 <= num_draft_tokens <= MAX_DRAFT_TOKENS
         ):
             raise GenerationError(
                 f"num_draft_tokens must be \"auto\" or an integer in 0..{MAX_DRAFT_TOKENS}, got {num_draft_tokens!r}"
             )
-        elif num_draft_tokens > 0 and self.draft is None:
-            raise GenerationError("this bundle has no draft model: use num_draft_tokens=0")
         else:
             longest = num_draft_tokens
+        if proposer in ("draft", "hybrid") and self.draft is None and num_draft_tokens != 0:
+            raise GenerationError(f"this bundle has no draft model: use proposer=\"lookup\" or num_draft_tokens=0")
         sampling = sampling if sampling is not None else SamplingConfig()
         if not isinstance(sampling, SamplingConfig):
             raise GenerationError("sampling must be a SamplingConfig")
@@ -228,7 +242,7 @@ class SpeculativeDecoder:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not s for s in stop):
             raise GenerationError("stop strings must be non-empty")
-        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop)
+        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer)
 
     def _exclusive(self):
         decoder = self
@@ -253,10 +267,8 @@ class SpeculativeDecoder:
         rng = np.random.default_rng(request.seed)
         tokens = list(request.prompt_ids)
         seen = set(tokens)
-        auto = None
-        if request.num_draft_tokens == "auto" and self.draft is not None:
-            auto = AutoDraftLength(self._measured_costs(), max_gamma=AUTO_MAX_DRAFT_TOKENS)
-        runners = [self.target] + ([self.draft] if self.draft is not None and request.num_draft_tokens else [])
+        plan = _ProposalPlan(self, request)
+        runners = [self.target] + ([self.draft] if plan.uses_draft else [])
         started = time.perf_counter()
         for runner in runners:
             runner.reset()
@@ -266,13 +278,17 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         produced = 0
         while produced < request.max_new_tokens:
-            wanted = (auto.choose() if auto else 0) if request.num_draft_tokens == "auto" else request.num_draft_tokens
-            gamma = min(wanted, request.max_new_tokens - produced - 1)
-            drafts, draft_dists = self._propose(tokens, seen, gamma, config, rng, stats) if gamma > 0 else ([], [])
+            budget = request.max_new_tokens - produced - 1  # the round's own target token needs one slot
+            source, drafts, draft_dists = plan.propose(tokens, budget)
+            if source == "draft":
+                drafts, draft_dists = self._propose(tokens, seen, len(drafts), config, rng, stats)
+            elif source == "lookup" and not config.greedy:
+                draft_dists = list(one_hot_rows(drafts, self.manifest.target.vocab_size))
             accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
-            if auto is not None:
-                auto.observe(len(drafts), accepted)
-            if drafts:
+            plan.observe(source, len(drafts), accepted)
+            if source == "lookup":
+                stats.lookup_rounds += 1
+            if source == "draft":
                 # the draft's cache holds tokens + drafts[:-1]; keep only what was committed
                 self.draft.length = min(self.draft.length, len(tokens) + accepted)
             new = drafts[:accepted] + [next_token]
@@ -385,3 +401,52 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 def _cut_at_stop(text: str, stops: tuple) -> str:
     cut = min((text.find(stop) for stop in stops if stop in text), default=-1)
     return text if cut < 0 else text[:cut]
+
+
+class _ProposalPlan:
+    """Per request: where each round's proposal comes from and how long it is."""
+
+    def __init__(self, decoder: SpeculativeDecoder, request: _Request):
+        self.request = request
+        auto = request.num_draft_tokens == "auto"
+        self.uses_draft = decoder.draft is not None and request.proposer in ("draft", "hybrid") and (
+            auto or request.num_draft_tokens > 0
+        )
+        self.uses_lookup = request.proposer in ("lookup", "hybrid")
+        self.model_auto = self.lookup_auto = None
+        if auto and (self.uses_draft or self.uses_lookup):
+            costs = decoder._measured_costs()
+            if self.uses_draft:
+                self.model_auto = AutoDraftLength(costs, max_gamma=AUTO_MAX_DRAFT_TOKENS)
+            if self.uses_lookup:
+                # a lookup proposal costs nothing to make: only the verify pass grows with its length
+                self.lookup_auto = AutoDraftLength(Costs(0.0, costs.verify), max_gamma=AUTO_MAX_DRAFT_TOKENS)
+        self.history = np.zeros(decoder.max_context, dtype=np.int64)
+
+    def _length(self, controller) -> int:
+        if self.request.num_draft_tokens == "auto":
+            return controller.choose() if controller is not None else 0
+        return self.request.num_draft_tokens
+
+    def propose(self, tokens: list, budget: int) -> tuple[str, list, list]:
+        """("draft", [None] * gamma, []) asks the draft model for gamma tokens; ("lookup", ids, []); ("none", [], [])."""
+        if budget <= 0:
+            return "none", [], []
+        if self.uses_lookup:
+            length = min(self._length(self.lookup_auto), budget)
+            if length > 0:
+                self.history[: len(tokens)] = tokens
+                min_ngram = 2 if self.uses_draft else 1  # hybrid: trust only longer matches over the draft model
+                found = lookup_proposal(self.history[: len(tokens)], length, min_ngram=min_ngram)
+                if found:
+                    return "lookup", found, []
+        if self.uses_draft:
+            gamma = min(self._length(self.model_auto), budget)
+            if gamma > 0:
+                return "draft", [None] * gamma, []
+        return "none", [], []
+
+    def observe(self, source: str, proposed: int, accepted: int) -> None:
+        controller = {"draft": self.model_auto, "lookup": self.lookup_auto}.get(source)
+        if controller is not None:
+            controller.observe(proposed, accepted)

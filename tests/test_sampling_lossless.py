@@ -56,10 +56,11 @@ def exact_joint(target_dir, prompt_ids):
     return joint
 
 
-def sampled_pvalue(decoder, joint):
+def sampled_pvalue(decoder, joint, prompt=PROMPT, proposer="draft"):
     counts = {}
     for seed in range(RUNS):
-        ids = decoder.generate(PROMPT, max_new_tokens=3, sampling=CONFIG, num_draft_tokens=2, seed=seed).token_ids
+        ids = decoder.generate(prompt, max_new_tokens=3, sampling=CONFIG, num_draft_tokens=2, seed=seed,
+                               proposer=proposer).token_ids
         counts[tuple(ids[:2])] = counts.get(tuple(ids[:2]), 0) + 1
     assert set(counts) <= set(joint), "a sampled pair has zero target probability"
     keys = sorted(joint, key=joint.get, reverse=True)
@@ -71,14 +72,20 @@ def sampled_pvalue(decoder, joint):
     return chisquare(observed, np.array(expected) * sum(observed) / sum(expected)).pvalue
 
 
-def test_speculative_sampling_matches_exact_target_distribution(different_pair):
+# lookup needs a prompt whose suffix repeats: "(x):" recurs, so a proposal is made from the first round on
+@pytest.mark.parametrize("proposer, prompt", [("draft", PROMPT), ("lookup", "f(x): g(x): h(x):"),
+                                              ("hybrid", "f(x): g(x): h(x):")])
+def test_speculative_sampling_matches_exact_target_distribution(different_pair, proposer, prompt):
     target_dir, bundle = different_pair
     decoder = SpeculativeDecoder.load(bundle)
-    joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
+    joint = exact_joint(target_dir, decoder.codec.encode(prompt))
     assert 3 <= len(joint) and abs(sum(joint.values()) - 1) < 1e-6
-    stats = decoder.generate(PROMPT, max_new_tokens=64, sampling=CONFIG, num_draft_tokens=2, seed=0).stats
-    assert 0.1 < stats.acceptance_rate < 0.95  # both acceptance and rejection are exercised
-    assert sampled_pvalue(decoder, joint) > 1e-3
+    stats = decoder.generate(prompt, max_new_tokens=64, sampling=CONFIG, num_draft_tokens=2, seed=0,
+                             proposer=proposer).stats
+    assert 0.05 < stats.acceptance_rate < 0.95  # both acceptance and rejection are exercised
+    if proposer != "draft":
+        assert stats.lookup_rounds > 0
+    assert sampled_pvalue(decoder, joint, prompt, proposer) > 1e-3
 
 
 def test_recording_the_untruncated_softmax_is_caught(different_pair, monkeypatch):

@@ -110,7 +110,7 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
     from .onnx_export import ONNX_NAME, export_model
-    from .parity import check_parity
+    from .parity import check_parity, reference_outputs
 
     progress(f"{role}: loading {source.label} ({options.dtype})")
     model = load_model(source, options.dtype)
@@ -121,21 +121,25 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     parity = {}
     prompt, extra = _encode(tokenizer, PARITY_PROMPT), _encode(tokenizer, PARITY_EXTRA)
     extra = (extra * 5)[:5]
-    if options.parity and options.dtype == "float32":
+    references = None
+    if options.parity:
+        progress(f"{role}: PyTorch reference outputs for the parity check")
+        references = reference_outputs(model, prompt, extra)
+    del model  # frees the float weights before the graph is checked or quantized (peak memory)
+    gc.collect()
+    if references is not None and options.dtype == "float32":
         progress(f"{role}: parity check of the float graph (prefill, decode, chain verify, tree)")
-        parity["float"] = check_parity(model, float_dir / ONNX_NAME, spec, prompt, extra)
-    elif options.parity:
+        parity["float"] = check_parity(references, float_dir / ONNX_NAME, spec, prompt, extra)
+    elif references is not None:
         parity["float"] = "skipped: onnxruntime's CPU kernels do not cover every float16/bfloat16 op this graph uses"
     if options.quant != "none":
         progress(f"{role}: quantizing weights to {options.quant} (MatMulNBits)")
         quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level)
         shutil.rmtree(float_dir)
         spec = replace(spec, quant=options.quant)
-        if options.parity:
+        if references is not None:
             progress(f"{role}: parity check of the {options.quant} graph (error includes quantization)")
-            parity[options.quant] = check_parity(model, staging / role / ONNX_NAME, spec, prompt, extra)
-    del model
-    gc.collect()
+            parity[options.quant] = check_parity(references, staging / role / ONNX_NAME, spec, prompt, extra)
     return spec, parity
 
 

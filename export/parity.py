@@ -80,8 +80,29 @@ def _kv_error(onnx_rows, hf_rows) -> float:
     return max(errors)
 
 
-def check_parity(hf_model, onnx_path: Path, spec: ModelSpec, prompt_ids: list[int], extra_ids: list[int]) -> dict:
-    """Max abs errors {scenario: {"logits": e, "kv": e}}. ``extra_ids``: at least 5 tokens to decode/verify."""
+def _tree_paths(tree_tokens: list[int]) -> tuple[list, list]:
+    """(depth of each tree node, token path from the root to each node)."""
+    depths, paths = [], []
+    for node, parent in enumerate(TREE_PARENTS):
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+        paths.append(([] if parent < 0 else paths[parent]) + [tree_tokens[node]])
+    return depths, paths
+
+
+def reference_outputs(hf_model, prompt_ids: list[int], extra_ids: list[int]) -> dict:
+    """Hugging Face logits and KV rows for every sequence the parity scenarios need, keyed by token tuple.
+
+    Computed once per model, so the model can be freed before quantizing and the quantized
+    graph is still compared with the float reference.
+    """
+    sequences = [prompt_ids, prompt_ids + extra_ids[:1], prompt_ids + extra_ids[:5]]
+    sequences += [prompt_ids + path for path in _tree_paths(extra_ids[:5])[1]]
+    return {tuple(ids): _hf_forward(hf_model, ids) for ids in sequences}
+
+
+def check_parity(references: dict, onnx_path: Path, spec: ModelSpec, prompt_ids: list[int], extra_ids: list[int]) -> dict:
+    """Max abs errors {scenario: {"logits": e, "kv": e}} of the graph at ``onnx_path`` vs ``reference_outputs``."""
+
     runner = OnnxRunner(onnx_path, spec)
     n = len(prompt_ids)
     empty = [
@@ -89,16 +110,16 @@ def check_parity(hf_model, onnx_path: Path, spec: ModelSpec, prompt_ids: list[in
     ]
     report = {}
 
-    hf_logits, hf_rows = _hf_forward(hf_model, prompt_ids)
+    hf_logits, hf_rows = references[tuple(prompt_ids)]
     logits, past = runner.run(prompt_ids, list(range(n)), empty)
     report["prefill"] = {"logits": float(np.abs(logits - hf_logits).max()), "kv": _kv_error(past, hf_rows)}
 
-    hf_logits, hf_rows = _hf_forward(hf_model, prompt_ids + extra_ids[:1])
+    hf_logits, hf_rows = references[tuple(prompt_ids + extra_ids[:1])]
     logits, rows = runner.run(extra_ids[:1], [n], past)
     report["decode"] = {"logits": float(np.abs(logits - hf_logits[-1:]).max()), "kv": _kv_error(rows, hf_rows)}
 
     chain = extra_ids[:5]
-    hf_logits, hf_rows = _hf_forward(hf_model, prompt_ids + chain)
+    hf_logits, hf_rows = references[tuple(prompt_ids + chain)]
     logits, rows = runner.run(chain, list(range(n, n + 5)), past)
     report["chain_verify"] = {
         "logits": float(np.abs(logits - hf_logits[-5:]).max()),
@@ -106,17 +127,11 @@ def check_parity(hf_model, onnx_path: Path, spec: ModelSpec, prompt_ids: list[in
     }
 
     tree_tokens = extra_ids[:5]
-    depths = []
-    for parent in TREE_PARENTS:
-        depths.append(0 if parent < 0 else depths[parent] + 1)
+    depths, paths = _tree_paths(tree_tokens)
     logits, rows = runner.run(tree_tokens, [n + d for d in depths], past, parents=list(TREE_PARENTS))
     logit_err, kv_err = 0.0, 0.0
-    for node in range(len(TREE_PARENTS)):
-        path, walk = [], node
-        while walk >= 0:
-            path.insert(0, tree_tokens[walk])
-            walk = TREE_PARENTS[walk]
-        hf_logits, hf_rows = _hf_forward(hf_model, prompt_ids + path)
+    for node, path in enumerate(paths):
+        hf_logits, hf_rows = references[tuple(prompt_ids + path)]
         logit_err = max(logit_err, float(np.abs(logits[node] - hf_logits[-1]).max()))
         node_rows = [(k[node : node + 1], v[node : node + 1]) for k, v in rows]
         kv_err = max(kv_err, _kv_error(node_rows, hf_rows))

@@ -18,7 +18,7 @@ class ArchSpec:
     embed: str  # token embedding, relative to body
     final_norm: str  # relative to body
     attn: str  # attention submodule of a layer
-    mlp: str  # MLP submodule of a layer (called as a whole: its own activation and projections)
+    mlp: str  # MLP submodule of a layer
     input_norm: str  # norm before attention
     pre_mlp_norm: str  # norm before the MLP
     post_attn_norm: str | None = None  # norm on the attention output before the residual (Gemma-3)
@@ -26,6 +26,10 @@ class ArchSpec:
     qkv: tuple = ("q_proj", "k_proj", "v_proj")  # one name = a fused q|k|v projection
     out_proj: str = "o_proj"
     qk_norm: tuple | None = None  # (q_norm, k_norm) applied per head before RoPE
+    # gated MLP act(gate(x)) * up(x) -> down: (gate, up) or one fused (gate|up); None = call the MLP module whole
+    mlp_gate_up: tuple | None = ("gate_proj", "up_proj")
+    mlp_down: str = "down_proj"
+    mlp_act: str = "act_fn"
     position_embed: str | None = None  # learned absolute positions (GPT-2), relative to body
     rope: bool = True
     sliding_all_layers_from_config: bool = False  # Mistral: config.sliding_window applies to every layer
@@ -41,7 +45,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "qwen2": _LLAMA,
     "qwen3": ArchSpec(**{**_LLAMA.__dict__, "qk_norm": ("q_norm", "k_norm")}),
     "mistral": ArchSpec(**{**_LLAMA.__dict__, "sliding_all_layers_from_config": True}),
-    "phi3": ArchSpec(**{**_LLAMA.__dict__, "qkv": ("qkv_proj",)}),
+    "phi3": ArchSpec(**{**_LLAMA.__dict__, "qkv": ("qkv_proj",), "mlp_gate_up": ("gate_up_proj",),
+                        "mlp_act": "activation_fn"}),
     "gemma": _LLAMA,  # Gemma's sqrt(hidden) embedding scale lives inside its embedding module
     "gemma3_text": ArchSpec(
         **{
@@ -55,7 +60,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "gpt2": ArchSpec(
         body="transformer", layers="h", embed="wte", final_norm="ln_f", attn="attn", mlp="mlp",
         input_norm="ln_1", pre_mlp_norm="ln_2", qkv=("c_attn",), out_proj="c_proj",
-        position_embed="wpe", rope=False,
+        position_embed="wpe", rope=False, mlp_gate_up=None,
     ),
 }
 

@@ -53,7 +53,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class ExportableLM(nn.Module):
-    """forward(input_ids, position_ids, attention_mask, [sliding_attention_mask], *past) -> (logits, *new_kv)."""
+    """forward(input_ids, position_ids, attention_mask, [sliding_attention_mask], *past) -> (logits, *new_kv).
+
+    Construction consumes the Hugging Face model: separate q/k/v and gate/up projections are
+    fused into one matrix each (one larger MatMul, and later one MatMulNBits, instead of
+    three or two), and the originals are dropped to keep peak memory at one copy.
+    """
 
     def __init__(self, hf_model: nn.Module):
         super().__init__()
@@ -83,6 +88,32 @@ class ExportableLM(nn.Module):
                 scaling = getattr(rotary, f"{lt}_attention_scaling", getattr(rotary, "attention_scaling", 1.0))
                 self.register_buffer(f"inv_freq_{lt}", inv_freq.detach().float().clone(), persistent=False)
                 self.rope_tables[lt] = float(scaling)
+        self.fused_qkv = nn.ModuleList(self._fuse(getattr(layer, self.arch.attn), self.arch.qkv) for layer in self.layers)
+        self.fused_gate_up = nn.ModuleList(
+            self._fuse(getattr(layer, self.arch.mlp), self.arch.mlp_gate_up) if self.arch.mlp_gate_up else nn.Identity()
+            for layer in self.layers
+        )
+
+    @staticmethod
+    def _fuse(parent: nn.Module, names: tuple) -> nn.Module:
+        """One module computing the concatenated outputs of ``names`` (a single name is used as is)."""
+        if len(names) == 1:
+            return getattr(parent, names[0])
+        parts = [getattr(parent, name) for name in names]
+        with torch.no_grad():
+            weight = torch.cat([part.weight for part in parts], dim=0)
+            has_bias = any(part.bias is not None for part in parts)
+            bias = torch.cat([
+                part.bias if part.bias is not None else torch.zeros(part.out_features, dtype=weight.dtype)
+                for part in parts
+            ]) if has_bias else None
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, dtype=weight.dtype)
+        fused.weight = nn.Parameter(weight, requires_grad=False)
+        if has_bias:
+            fused.bias = nn.Parameter(bias, requires_grad=False)
+        for name in names:
+            setattr(parent, name, None)  # drop the originals: the fused copy replaces them
+        return fused
 
     @property
     def has_sliding_mask(self) -> bool:
@@ -95,18 +126,22 @@ class ExportableLM(nn.Module):
         scaling = self.rope_tables[layer_type]
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
-    def _project_qkv(self, attn: nn.Module, x: torch.Tensor):
+    def _project_qkv(self, index: int, x: torch.Tensor):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        if len(self.arch.qkv) == 1:
-            fused = getattr(attn, self.arch.qkv[0])(x)
-            return fused.split([q_size, kv_size, kv_size], dim=-1)
-        return tuple(getattr(attn, name)(x) for name in self.arch.qkv)
+        return self.fused_qkv[index](x).split([q_size, kv_size, kv_size], dim=-1)
+
+    def _mlp(self, index: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        mlp = getattr(layer, self.arch.mlp)
+        if not self.arch.mlp_gate_up:
+            return mlp(x)
+        gate, up = self.fused_gate_up[index](x).chunk(2, dim=-1)
+        return getattr(mlp, self.arch.mlp_down)(getattr(mlp, self.arch.mlp_act)(gate) * up)
 
     def _attention(self, index: int, layer: nn.Module, x, rope, mask, past_k, past_v):
         batch, new = x.shape[0], x.shape[1]
         attn = getattr(layer, self.arch.attn)
-        q, k, v = self._project_qkv(attn, x)
+        q, k, v = self._project_qkv(index, x)
         q = q.view(batch, new, self.num_heads, self.head_dim)
         k = k.view(batch, new, self.num_kv_heads, self.head_dim)
         v = v.view(batch, new, self.num_kv_heads, self.head_dim)
@@ -117,23 +152,29 @@ class ExportableLM(nn.Module):
             cos, sin = rope  # [B, T, rot_dim]
             cos, sin = cos[:, :, None, :], sin[:, :, None, :]
             rot = cos.shape[-1]
-            q = torch.cat((q[..., :rot] * cos + _rotate_half(q[..., :rot]) * sin, q[..., rot:]), dim=-1)
-            k = torch.cat((k[..., :rot] * cos + _rotate_half(k[..., :rot]) * sin, k[..., rot:]), dim=-1)
+            if rot == self.head_dim:
+                q = q * cos + _rotate_half(q) * sin
+                k = k * cos + _rotate_half(k) * sin
+            else:  # partial rotary: only the first rot dims turn
+                q = torch.cat((q[..., :rot] * cos + _rotate_half(q[..., :rot]) * sin, q[..., rot:]), dim=-1)
+                k = torch.cat((k[..., :rot] * cos + _rotate_half(k[..., :rot]) * sin, k[..., rot:]), dim=-1)
         new_k, new_v = k, v  # [B, T, KVH, D]: the rows the runtime stores
         keys = torch.cat((past_k, new_k), dim=1).transpose(1, 2)  # [B, KVH, P+T, D]
         values = torch.cat((past_v, new_v), dim=1).transpose(1, 2)
+        # Grouped-query attention without copying K/V per head: the G query heads that share a
+        # KV head are stacked along the row axis (head h uses KV head h // G, as repeat_kv does).
         groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            keys = keys.repeat_interleave(groups, dim=1)
-            values = values.repeat_interleave(groups, dim=1)
+        queries = q.transpose(1, 2).reshape(batch, self.num_kv_heads, groups * new, self.head_dim)
         scale = getattr(attn, "scaling", self.head_dim**-0.5)
-        scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) * scale  # [B, H, T, P+T]
-        scores = scores.float()
+        scores = torch.matmul(queries, keys.transpose(2, 3)) * scale  # [B, KVH, G*T, P+T]
+        scores = scores.view(batch, self.num_kv_heads, groups, new, scores.shape[-1]).float()
         if self.attn_softcap:
             scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
-        scores = scores.masked_fill(~mask[:, None, :, :], torch.finfo(torch.float32).min)
+        scores = scores.masked_fill(~mask[:, None, None, :, :], torch.finfo(torch.float32).min)
         probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values).transpose(1, 2).reshape(batch, new, self.num_heads * self.head_dim)
+        probs = probs.view(batch, self.num_kv_heads, groups * new, probs.shape[-1])
+        out = torch.matmul(probs, values)  # [B, KVH, G*T, D]
+        out = out.view(batch, self.num_heads, new, self.head_dim).transpose(1, 2).reshape(batch, new, -1)
         return getattr(attn, self.arch.out_proj)(out), new_k, new_v
 
     def forward(self, input_ids, position_ids, attention_mask, *rest):
@@ -158,7 +199,7 @@ class ExportableLM(nn.Module):
                 x = getattr(layer, self.arch.post_attn_norm)(x)
             hidden = residual + x
             residual = hidden
-            x = getattr(layer, self.arch.mlp)(getattr(layer, self.arch.pre_mlp_norm)(hidden))
+            x = self._mlp(index, layer, getattr(layer, self.arch.pre_mlp_norm)(hidden))
             if self.arch.post_mlp_norm:
                 x = getattr(layer, self.arch.post_mlp_norm)(x)
             hidden = residual + x

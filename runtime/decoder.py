@@ -27,6 +27,8 @@ import numpy as np
 from .acceptance import greedy_accept, speculative_accept
 from .cost_model import AutoDraftLength, Costs, calibrate
 from .lookup import lookup_proposal, one_hot_rows
+from .tree import (AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_WIDTH, ROOT, DraftTree, greedy_tree_accept,
+                   allocate_children, parse_tree, pick_children, tree_size, tree_speculative_accept)
 from .bundle import inside, open_bundle
 from .model_runner import ModelRunner
 from .sampling import SamplingConfig, greedy_token, sample, sampling_distribution
@@ -35,6 +37,7 @@ from .text import IncrementalDecoder, TextCodec
 PREFILL_CHUNK = 64  # tokens per prefill pass: bounds the logits buffer at chunk x vocab floats
 MAX_DRAFT_TOKENS = 16
 AUTO_MAX_DRAFT_TOKENS = 8
+MAX_TREE_NODES = 62  # one verify pass carries at most PREFILL_CHUNK tokens: the tree plus pending/catch-up
 PROPOSERS = ("draft", "lookup", "hybrid")
 DEFAULT_MAX_CONTEXT = 2048
 
@@ -53,6 +56,7 @@ class GenerationStats:
     proposed: int = 0
     accepted: int = 0
     lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
+    tree_nodes: int = 0  # draft tree nodes verified (tree mode)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -108,6 +112,7 @@ class _Request:
     seed: int | None
     stop: tuple = field(default_factory=tuple)
     proposer: str = "draft"
+    tree: tuple | str | None = None  # branching factors per depth, "auto", or None (a chain)
 
 
 class SpeculativeDecoder:
@@ -158,15 +163,17 @@ class SpeculativeDecoder:
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-                 proposer: str = "draft") -> GenerationResult:
+                 proposer: str = "draft", tree=None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
 
         num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
         the running acceptance; falls back to plain decoding when speculation would lose) or 0 (target only).
         proposer: "draft" (the draft model), "lookup" (n-gram prompt lookup, no draft model needed) or
         "hybrid" (lookup when the text repeats, the draft model otherwise).
+        tree: None (a chain of drafts), branching factors per depth such as "4,2,2,1" or (2, 2, 1), or "auto"
+        (a dynamic tree grown from the draft's confidence within a node budget); verified in one target pass.
         """
-        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer)
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
         with self._exclusive():
             stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
             output: list[int] = []
@@ -180,9 +187,9 @@ class SpeculativeDecoder:
 
     def stream(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-               proposer: str = "draft", stats: GenerationStats | None = None) -> Iterator[str]:
+               proposer: str = "draft", tree=None, stats: GenerationStats | None = None) -> Iterator[str]:
         """Yield text pieces as rounds complete; the same tokens as ``generate`` with the same arguments."""
-        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer)
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
         stats = stats if stats is not None else GenerationStats()
         stats.prompt_tokens = len(request.prompt_ids)
         with self._exclusive():
@@ -201,7 +208,7 @@ class SpeculativeDecoder:
                 yield tail
 
     # ----------------------------------------------------------------- validation
-    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer) -> _Request:
+    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree=None) -> _Request:
         if isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("prompt is empty: give some text or token ids")
@@ -232,6 +239,14 @@ class SpeculativeDecoder:
         sampling = sampling if sampling is not None else SamplingConfig()
         if not isinstance(sampling, SamplingConfig):
             raise GenerationError("sampling must be a SamplingConfig")
+        tree = parse_tree(tree)
+        if tree is not None:
+            if self.draft is None or proposer != "draft":
+                raise GenerationError("tree drafting needs a draft model and proposer=\"draft\"")
+            nodes = AUTO_TREE_BUDGET if tree == "auto" else tree_size(tree)
+            if nodes > MAX_TREE_NODES:
+                raise GenerationError(f"a tree of {nodes} nodes exceeds the {MAX_TREE_NODES} nodes one pass may verify")
+            longest = max(longest, nodes)
         needed = len(prompt_ids) + max_new_tokens + longest + 1
         if needed > self.max_context:
             raise GenerationError(
@@ -242,7 +257,7 @@ class SpeculativeDecoder:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not s for s in stop):
             raise GenerationError("stop strings must be non-empty")
-        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer)
+        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
 
     def _exclusive(self):
         decoder = self
@@ -279,19 +294,27 @@ class SpeculativeDecoder:
         produced = 0
         while produced < request.max_new_tokens:
             budget = request.max_new_tokens - produced - 1  # the round's own target token needs one slot
-            source, drafts, draft_dists = plan.propose(tokens, budget)
-            if source == "draft":
+            if request.tree is not None and budget > 0:
+                new, accepted, proposed = self._tree_round(tokens, seen, request.tree, budget, config, rng, stats)
+                drafts = [None] * proposed
+                source = "tree"
+            else:
+                source, drafts, draft_dists = plan.propose(tokens, budget)
+            if source == "tree":
+                pass
+            elif source == "draft":
                 drafts, draft_dists = self._propose(tokens, seen, len(drafts), config, rng, stats)
             elif source == "lookup" and not config.greedy:
                 draft_dists = list(one_hot_rows(drafts, self.manifest.target.vocab_size))
-            accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
+            if source != "tree":
+                accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
+                new = drafts[:accepted] + [next_token]
             plan.observe(source, len(drafts), accepted)
             if source == "lookup":
                 stats.lookup_rounds += 1
             if source == "draft":
                 # the draft's cache holds tokens + drafts[:-1]; keep only what was committed
                 self.draft.length = min(self.draft.length, len(tokens) + accepted)
-            new = drafts[:accepted] + [next_token]
             finish = ""
             for index, token in enumerate(new):
                 if token in self.eos_ids:
@@ -378,6 +401,111 @@ class SpeculativeDecoder:
             accepted, next_token = speculative_accept(np.array(drafts, dtype=np.int64), draft_probs, target_dists, rng)
         target.commit(len(feed) - len(drafts) + accepted)
         return accepted, next_token
+
+    # ----------------------------------------------------------------- trees
+    def _node_distribution(self, logits, context, config: SamplingConfig) -> np.ndarray:
+        """The distribution a node's children are drawn from (greedy: the softmax of the penalized logits, for ranking)."""
+        if config.greedy:
+            return sampling_distribution(logits, context, SamplingConfig(temperature=1.0,
+                                                                         repetition_penalty=config.repetition_penalty))
+        return sampling_distribution(logits, context, config)
+
+    def _grow_tree(self, tokens, seen, shape, budget, config, rng, stats) -> DraftTree:
+        """Draft a tree level by level: one draft pass per level, each node seeing only its ancestors."""
+        draft = self.draft
+        self._catch_up(draft, tokens, stats)
+        feed = tokens[draft.length :]
+        logits = self._timed_forward(draft, feed, draft.length, stats)
+        draft.commit(len(feed))
+        base = draft.length  # == len(tokens): tree node i is written at slot base + i
+        tree = DraftTree(tokens=[], parents=[], depths=[], fed=0, draw_dists={})
+        root_dist = self._node_distribution(logits[-1], _context(seen, [], config), config)
+        tree.draw_dists[0] = root_dist
+        dynamic = shape == "auto"
+        widths = [AUTO_TREE_WIDTH] * AUTO_TREE_DEPTH if dynamic else list(shape)
+        frontier = [(ROOT, [], 1.0)]  # (node, path tokens, cumulative draft probability)
+        for depth, width in enumerate(widths, start=1):
+            if dynamic:  # children per node from the draft's confidence, within the node budget
+                slots = min(AUTO_TREE_WIDTH, AUTO_TREE_BUDGET - len(tree.tokens))
+                counts = allocate_children([f[2] for f in frontier], [tree.draw_dists[f[0] + 1] for f in frontier], slots)
+            else:
+                counts = [width] * len(frontier)
+            candidates = []
+            for (parent, path, score), count in zip(frontier, counts):
+                dist = tree.draw_dists[parent + 1]
+                for token in pick_children(dist, count, config.greedy, rng):
+                    candidates.append((parent, path + [token], score * float(dist[token])))
+            room = MAX_TREE_NODES - len(tree.tokens)
+            candidates = [c for c in candidates if len(c[1]) <= budget][: max(room, 0)]
+            if not candidates:
+                break
+            first = len(tree.tokens)
+            for parent, path, _ in candidates:
+                tree.tokens.append(path[-1])
+                tree.parents.append(parent)
+                tree.depths.append(depth)
+            last_level = depth == len(widths) or (dynamic and len(tree.tokens) >= AUTO_TREE_BUDGET)
+            if last_level or depth >= budget:
+                break
+            level = range(first, len(tree.tokens))
+            visible_past = np.zeros((len(level), draft.length), dtype=bool)
+            visible_past[:, :base] = True
+            for row, node in enumerate(level):
+                for ancestor in tree.path_to(node)[:-1]:
+                    visible_past[row, base + ancestor] = True
+            begin = time.perf_counter()
+            logits = draft.forward([tree.tokens[n] for n in level], [base - 1 + depth] * len(level),
+                                   parents=[-1] * len(level), visible_past=visible_past)
+            stats.draft_seconds += time.perf_counter() - begin
+            stats.draft_forwards += 1
+            draft.commit(len(level))
+            tree.fed = len(tree.tokens)
+            frontier = []
+            for row, (node, (parent, path, score)) in enumerate(zip(level, candidates)):
+                tree.draw_dists[node + 1] = self._node_distribution(logits[row], _context(seen, path, config), config)
+                frontier.append((node, path, score))
+        return tree
+
+    def _tree_round(self, tokens, seen, shape, budget, config, rng, stats) -> tuple[list, int, int]:
+        """One tree round: grow, verify in one target pass, accept a path, compact both caches.
+
+        Returns (new tokens, accepted draft tokens, proposed depth)."""
+        tree = self._grow_tree(tokens, seen, shape, budget, config, rng, stats)
+        target, draft = self.target, self.draft
+        self._catch_up(target, tokens, stats)
+        prefix = tokens[target.length :]
+        start = target.length
+        root_row = len(prefix) - 1
+        feed = prefix + tree.tokens
+        parents = list(range(-1, len(prefix) - 1)) + [root_row if p == ROOT else len(prefix) + p for p in tree.parents]
+        positions = list(range(start, start + len(prefix))) + [start + root_row + d for d in tree.depths]
+        begin = time.perf_counter()
+        logits = target.forward(feed, positions, parents=parents)
+        stats.verify_seconds += time.perf_counter() - begin
+        stats.target_forwards += 1
+
+        def context_at(expansion):
+            path = [] if expansion == 0 else [tree.tokens[n] for n in tree.path_to(expansion - 1)]
+            return _context(seen, path, config)
+
+        def row(expansion):
+            return logits[root_row + expansion]
+
+        if config.greedy:
+            path, next_token = greedy_tree_accept(tree, lambda e: greedy_token(row(e), context_at(e), config))
+        else:
+            path, next_token = tree_speculative_accept(
+                tree, lambda e: sampling_distribution(row(e), context_at(e), config), rng)
+        # KV compaction: the accepted path's rows move next to the committed ones; nothing else moves
+        target_first = start + len(prefix)
+        target.move_rows(np.array([target_first + n for n in path], dtype=np.int64), target_first)
+        target.length = target_first + len(path)
+        draft_first = len(tokens)
+        fed_path = [n for n in path if n < tree.fed]
+        draft.move_rows(np.array([draft_first + n for n in fed_path], dtype=np.int64), draft_first)
+        draft.length = draft_first + len(fed_path)
+        stats.tree_nodes += len(tree.tokens)
+        return [tree.tokens[n] for n in path] + [next_token], len(path), max(tree.depths, default=0)
 
     def _stop_check(self, output: list, new: list, stops: tuple) -> tuple[list, bool]:
         """Cut ``new`` right after the token that completes a stop string, if any."""

@@ -38,9 +38,13 @@ def fill_masks(
     past_positions: np.ndarray,  # [P] int64: position of each past slot
     new_positions: np.ndarray,  # [T] int64
     sliding_window: int | None,
+    visible_past: np.ndarray | None = None,  # [T, P] bool; None = every past slot is visible
 ) -> None:
-    """All past slots are valid; new tokens see what ``visible_new`` allows."""
-    mask[:, :past_len] = True
+    """Past slots are all valid unless ``visible_past`` says otherwise; new tokens see what ``visible_new`` allows."""
+    if visible_past is None:
+        mask[:, :past_len] = True
+    else:
+        mask[:, :past_len] = visible_past
     mask[:, past_len:] = visible_new
     if sliding is not None:
         # Hugging Face's sliding window: a query at position q sees keys at positions > q - window.

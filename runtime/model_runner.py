@@ -87,10 +87,11 @@ class ModelRunner:
     def reset(self) -> None:
         self.length = 0
 
-    def forward(self, tokens, positions, parents=None) -> np.ndarray:
+    def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
         """Run T new tokens after the valid past; returns a view of the logits [T, V] (valid until the next call).
 
         tokens, positions: [T] ints. parents: [T] tree parents (-1 = the past); None = a chain.
+        visible_past: [T, length] bool, which past slots each new token sees (draft trees); None = all.
         New KV rows land in slots [length, length + T); call ``commit`` to keep some of them.
         """
         spec = self.spec
@@ -107,7 +108,7 @@ class ModelRunner:
         mask = self._mask[: count * total].reshape(count, total)
         sliding = None if self._sliding is None else self._sliding[: count * total].reshape(count, total)
         visible = ancestor_matrix(np.asarray(parents)) if parents is not None else _chain_visibility(count)
-        fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, spec.sliding_window)
+        fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, spec.sliding_window, visible_past)
         logits = self._logits[: count * spec.vocab_size].reshape(1, count, spec.vocab_size)
 
         binding = self._binding

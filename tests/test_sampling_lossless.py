@@ -56,11 +56,11 @@ def exact_joint(target_dir, prompt_ids):
     return joint
 
 
-def sampled_pvalue(decoder, joint, prompt=PROMPT, proposer="draft"):
+def sampled_pvalue(decoder, joint, prompt=PROMPT, proposer="draft", tree=None):
     counts = {}
     for seed in range(RUNS):
         ids = decoder.generate(prompt, max_new_tokens=3, sampling=CONFIG, num_draft_tokens=2, seed=seed,
-                               proposer=proposer).token_ids
+                               proposer=proposer, tree=tree).token_ids
         counts[tuple(ids[:2])] = counts.get(tuple(ids[:2]), 0) + 1
     assert set(counts) <= set(joint), "a sampled pair has zero target probability"
     keys = sorted(joint, key=joint.get, reverse=True)
@@ -105,3 +105,24 @@ def test_recording_the_untruncated_softmax_is_caught(different_pair, monkeypatch
 
     monkeypatch.setattr(SpeculativeDecoder, "_draft_step", staticmethod(untruncated_record))
     assert sampled_pvalue(decoder, joint) < 1e-4
+
+
+@pytest.mark.parametrize("tree", ["3,2", "auto"])
+def test_tree_sampling_matches_exact_target_distribution(different_pair, tree):
+    target_dir, bundle = different_pair
+    decoder = SpeculativeDecoder.load(bundle)
+    joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
+    assert sampled_pvalue(decoder, joint, tree=tree) > 1e-3
+
+
+def test_wrong_sibling_correction_is_caught(different_pair, monkeypatch):
+    """Siblings are drawn without replacement: keeping q unchanged after a rejection (the with-replacement rule) is biased."""
+    from specdec.runtime import decoder as decoder_module
+    from specdec.runtime.tree import tree_speculative_accept
+
+    target_dir, bundle = different_pair
+    decoder = SpeculativeDecoder.load(bundle)
+    joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
+    monkeypatch.setattr(decoder_module, "tree_speculative_accept",
+                        lambda tree, dist, rng: tree_speculative_accept(tree, dist, rng, without_replacement=False))
+    assert sampled_pvalue(decoder, joint, tree="3,2") < 1e-4

@@ -1,0 +1,102 @@
+"""Token trees: greedy path acceptance, exact tree sampling math, KV compaction, identical greedy output."""
+
+import numpy as np
+import pytest
+
+from specdec.runtime.tree import (ROOT, DraftTree, allocate_children, greedy_tree_accept, parse_tree,
+                                  pick_children, tree_size, tree_speculative_accept)
+
+#        root
+#       /    \\
+#   n0:5      n1:6
+#    |         |
+#   n2:7      n3:8
+TREE = DraftTree(tokens=[5, 6, 7, 8], parents=[ROOT, ROOT, 0, 1], depths=[1, 1, 2, 2], fed=2, draw_dists={})
+
+
+@pytest.mark.parametrize(
+    "choices, expected",
+    [
+        ({0: 6, 2: 8, 4: 1}, ([1, 3], 1)),  # second branch all the way, bonus after the leaf
+        ({0: 5, 1: 7, 3: 9}, ([0, 2], 9)),
+        ({0: 5, 1: 3}, ([0], 3)),  # first token right, then a miss
+        ({0: 4}, ([], 4)),  # no child matches
+    ],
+)
+def test_greedy_tree_accept_takes_the_longest_matching_path(choices, expected):
+    assert greedy_tree_accept(TREE, lambda expansion: choices[expansion]) == expected
+
+
+def test_parse_tree():
+    assert parse_tree("4,2,2,1") == (4, 2, 2, 1)
+    assert parse_tree([2, 1]) == (2, 1)
+    assert parse_tree("auto") == "auto" and parse_tree(None) is None
+    assert tree_size((4, 2, 2, 1)) == 4 + 8 + 16 + 16
+    for bad in ("0,2", "a,b", "", [-1]):
+        with pytest.raises(ValueError):
+            parse_tree(bad)
+
+
+def test_pick_children_without_replacement_and_in_support():
+    dist = np.array([0.5, 0.0, 0.3, 0.2])
+    assert pick_children(dist, 3, greedy=True, rng=None) == [0, 2, 3]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        picked = pick_children(dist, 3, greedy=False, rng=rng)
+        assert len(set(picked)) == 3 and 1 not in picked
+
+
+def test_allocation_depends_only_on_the_draft_distributions():
+    confident, unsure = np.array([0.9, 0.05, 0.05]), np.array([0.4, 0.3, 0.3])
+    assert allocate_children([1.0, 1.0], [confident, unsure], 3) == [1, 2]
+    assert allocate_children([1.0, 0.1], [confident, unsure], 3) == [3, 0]
+
+
+def _root_only_tree(children, draft):
+    return DraftTree(tokens=children, parents=[ROOT] * len(children), depths=[1] * len(children), fed=0,
+                     draw_dists={0: draft})
+
+
+def test_tree_sampling_math_is_exact_with_two_siblings():
+    """Exact check of recursive rejection sampling without replacement at one node, vocabulary 3."""
+    target = np.array([0.2, 0.5, 0.3])
+    draft = np.array([0.6, 0.3, 0.1])
+    rng = np.random.default_rng(1)
+    counts = np.zeros(3)
+    for _ in range(30000):
+        children = pick_children(draft, 2, greedy=False, rng=rng)
+        path, token = tree_speculative_accept(_root_only_tree(children, draft), lambda e: target, rng)
+        counts[children[path[0]] if path else token] += 1
+    assert np.allclose(counts / counts.sum(), target, atol=0.012)
+
+
+PROMPTS = ["def add(a, b):\n    return", "x", "The quick brown fox jumps over the lazy dog. " * 2]
+
+
+@pytest.mark.parametrize("tree", ["1,1,1", "2,2,1", "4,2,2,1", "3", "auto"])
+def test_greedy_tree_decoding_equals_target_only(tiny_decoder, tree):
+    for prompt in PROMPTS:
+        baseline = tiny_decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0)
+        result = tiny_decoder.generate(prompt, max_new_tokens=40, tree=tree)
+        assert result.token_ids == baseline.token_ids, (tree, prompt)
+        assert result.stats.tree_nodes > 0
+
+
+def test_trees_accept_more_per_target_pass_than_a_chain(tiny_decoder):
+    chain = tiny_decoder.generate(PROMPTS[0], max_new_tokens=60, num_draft_tokens=3).stats
+    tree = tiny_decoder.generate(PROMPTS[0], max_new_tokens=60, tree="4,2,2").stats
+    assert tree.mean_accepted_per_round > chain.mean_accepted_per_round
+
+
+def test_kv_compaction_leaves_caches_as_if_the_path_was_decoded(tiny_decoder):
+    """After tree rounds, both caches hold exactly the rows target-only decoding would have written."""
+    prompt = PROMPTS[0]
+    tiny_decoder.generate(prompt, max_new_tokens=20, tree="3,2")
+    target = tiny_decoder.target
+    tree_rows = target.cache[:, :, :, : target.length].copy()
+    tree_positions = target.slot_positions[: target.length].copy()
+    tiny_decoder.generate(prompt, max_new_tokens=20, num_draft_tokens=0)
+    plain_length = tiny_decoder.target.length
+    assert plain_length == len(tree_positions)
+    assert np.array_equal(tree_positions, np.arange(plain_length))
+    assert np.allclose(tree_rows, tiny_decoder.target.cache[:, :, :, :plain_length], atol=1e-5)

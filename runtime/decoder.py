@@ -29,7 +29,7 @@ from .cost_model import AutoDraftLength, Costs, calibrate
 from .lookup import lookup_proposal, one_hot_rows
 from .tree import (AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_WIDTH, ROOT, DraftTree, greedy_tree_accept,
                    allocate_children, parse_tree, pick_children, tree_size, tree_speculative_accept)
-from .bundle import inside, open_bundle
+from .bundle import default_hash_cache, inside, open_bundle
 from .model_runner import ModelRunner
 from .sampling import SamplingConfig, greedy_token, sample, sampling_distribution
 from .text import IncrementalDecoder, TextCodec
@@ -147,7 +147,7 @@ class SpeculativeDecoder:
         ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
         """
         root = Path(bundle_dir)
-        manifest = open_bundle(root, verify=verify)
+        manifest = open_bundle(root, verify=verify, hash_cache=default_hash_cache())
         if max_context is None:
             max_context = min(DEFAULT_MAX_CONTEXT, manifest.target.max_positions)
         if not 2 <= max_context <= manifest.target.max_positions:

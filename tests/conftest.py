@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# keep the verified-hash cache and joined model files of test runs out of the user's cache
+os.environ.setdefault("SPECDEC_CACHE", tempfile.mkdtemp(prefix="specdec-test-cache-"))
 
 from tiny_models import build_tiny_model, build_noisy_copy  # noqa: E402
 

@@ -1,6 +1,7 @@
 """Bundles: manifest round-trip, refusal of corrupted, missing, newer or inconsistent bundles."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -86,3 +87,59 @@ def test_symlink_leading_out_is_refused(bundle_copy, tmp_path):
     link.symlink_to(outside)
     with pytest.raises(BundleError, match="outside the bundle"):
         SpeculativeDecoder.load(bundle_copy)
+
+
+def test_cached_hash_is_not_trusted_after_an_in_place_change(bundle_copy):
+    SpeculativeDecoder.load(bundle_copy)  # verifies and caches every file
+    data = bundle_copy / "draft" / "model.onnx.data"
+    stat = data.stat()
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0x01
+    data.write_bytes(bytes(raw))
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # forge the old mtime: ctime still changes
+    with pytest.raises(BundleError, match="draft/model.onnx.data does not match"):
+        SpeculativeDecoder.load(bundle_copy)
+
+
+def _point_external_data(bundle, location):
+    """Rewrite the target graph's first external-data location (the onnx package is an export-side tool)."""
+    onnx = pytest.importorskip("onnx")
+    path = bundle / "target" / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+                onnx.save(model, str(path))
+                return
+    raise AssertionError("no external data in the exported graph")
+
+
+@pytest.mark.parametrize("location", ["/etc/passwd", "../../secret.bin", "elsewhere.bin"])
+def test_external_data_outside_the_bundle_or_unhashed_is_refused(bundle_copy, location):
+    _point_external_data(bundle_copy, location)
+
+    def rehash(data):
+        import hashlib
+
+        data["files"]["target/model.onnx"] = hashlib.sha256((bundle_copy / "target" / "model.onnx").read_bytes()).hexdigest()
+
+    _edit_manifest(bundle_copy, rehash)  # even a consistent manifest cannot make it load
+    with pytest.raises(BundleError, match="refers to external data|outside the bundle"):
+        SpeculativeDecoder.load(bundle_copy)
+
+
+def test_external_data_symlink_leading_out_is_refused(bundle_copy, tmp_path):
+    data = bundle_copy / "target" / "model.onnx.data"
+    outside = tmp_path / "weights.bin"
+    outside.write_bytes(data.read_bytes())
+    data.unlink()
+    data.symlink_to(outside)
+    with pytest.raises(BundleError, match="outside the bundle"):
+        SpeculativeDecoder.load(bundle_copy)
+
+
+def test_external_data_locations_are_read_without_onnx(tiny_bundle):
+    from specdec.runtime.onnx_paths import external_data_locations
+
+    assert external_data_locations((tiny_bundle / "target" / "model.onnx").read_bytes()) == {"model.onnx.data"}

@@ -23,19 +23,19 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>", bos_token="<bos>")
 
 
-def _common(num_layers, **extra):
+def _common(num_layers, max_positions=512, **extra):
     base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                 eos_token_id=1, bos_token_id=2, pad_token_id=None, tie_word_embeddings=False)
     base.update(extra, num_hidden_layers=num_layers)
     return base
 
 
-def tiny_config(arch: str, num_layers: int = 2):
+def tiny_config(arch: str, num_layers: int = 2, max_positions: int = 512):
     import transformers as tf
 
     builders = {
-        "llama": lambda: tf.LlamaConfig(**_common(num_layers, )),
+        "llama": lambda: tf.LlamaConfig(**_common(num_layers, max_positions)),
         "qwen2": lambda: tf.Qwen2Config(**_common(num_layers, )),
         "qwen3": lambda: tf.Qwen3Config(**_common(num_layers, head_dim=16)),
         "mistral": lambda: tf.MistralConfig(**_common(num_layers, sliding_window=6)),
@@ -54,13 +54,14 @@ def tiny_config(arch: str, num_layers: int = 2):
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma3_text", "gpt2")
 
 
-def build_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2) -> Path:
+def build_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2,
+                     max_positions: int = 512) -> Path:
     """Save a random tiny model + tokenizer into ``folder`` (safetensors) and return it."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, num_layers))
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, num_layers, max_positions))
     with torch.no_grad():  # larger weights than the default init: peaked, seed-dependent distributions
         for param in model.parameters():
             if param.dim() == 2:

@@ -25,6 +25,8 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--prompts", required=True, help="JSON list of {id, kind, prompt}")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--draft-tokens", default="0,1,2,4,auto", help="comma list of draft lengths and/or auto")
+    bench.add_argument("--proposers", default="", help="extra modes: comma list of lookup,hybrid (draft length auto)")
+    bench.add_argument("--trees", default="", help="extra modes: semicolon list of tree shapes, e.g. '2,2,1;auto'")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--repeat", type=int, default=1)
     bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
@@ -32,15 +34,18 @@ def add_bench_parser(commands) -> None:
     add_load_args(bench)
 
 
-def _modes(text: str) -> list:
-    modes = []
-    for item in text.split(","):
-        item = item.strip()
-        mode = "auto" if item == "auto" else int(item)
-        if mode not in modes:
-            modes.append(mode)
-    if 0 not in modes:
-        modes.insert(0, 0)  # the baseline is always measured
+def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict:
+    """label -> generate() keyword arguments; "0" (target-only) is always first."""
+    modes = {"0": {"num_draft_tokens": 0}}
+    for item in filter(None, (part.strip() for part in draft_tokens.split(","))):
+        length = "auto" if item == "auto" else int(item)
+        modes[str(length)] = {"num_draft_tokens": length}
+    for proposer in filter(None, (part.strip() for part in proposers.split(","))):
+        if proposer not in ("lookup", "hybrid", "draft"):
+            raise ValueError(f"--proposers takes lookup, hybrid or draft, got {proposer!r}")
+        modes[proposer] = {"num_draft_tokens": "auto", "proposer": proposer}
+    for shape in filter(None, (part.strip() for part in trees.split(";"))):
+        modes[f"tree:{shape}"] = {"tree": shape}
     return modes
 
 
@@ -55,7 +60,7 @@ def load_prompts(path: str, limit: int | None) -> list:
     return prompts[:limit] if limit else prompts
 
 
-def run_bench(decoder, prompts: list, modes: list, max_new_tokens: int, temperature: float, repeat: int,
+def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperature: float, repeat: int,
               progress=None) -> dict:
     from .sampling import SamplingConfig
 
@@ -69,12 +74,13 @@ def run_bench(decoder, prompts: list, modes: list, max_new_tokens: int, temperat
     runs = []
     total = repeat * len(prompts) * len(modes)
     done = 0
+    labels = list(modes)
     for rep in range(repeat):
         for index, item in enumerate(prompts):
-            order = modes[(index + rep) % len(modes):] + modes[: (index + rep) % len(modes)]
-            for mode in order:
+            shift = (index + rep) % len(labels)
+            for mode in labels[shift:] + labels[:shift]:
                 result = decoder.generate(item["prompt"], max_new_tokens=max_new_tokens, sampling=sampling,
-                                          num_draft_tokens=mode, seed=rep)
+                                          seed=rep, **modes[mode])
                 done += 1
                 stats = result.stats
                 runs.append({"prompt": item["id"], "kind": item["kind"], "mode": str(mode), "repeat": rep,
@@ -83,7 +89,7 @@ def run_bench(decoder, prompts: list, modes: list, max_new_tokens: int, temperat
                          f"acceptance {stats.acceptance_rate:.2f}")
     return {"costs": {"draft_step": costs.draft_step, "verify": list(costs.verify)},
             "max_new_tokens": max_new_tokens, "temperature": temperature, "repeat": repeat,
-            "modes": [str(m) for m in modes], "runs": runs, "summary": summarize(runs, costs, temperature)}
+            "modes": modes, "runs": runs, "summary": summarize(runs, costs, temperature)}
 
 
 def summarize(runs: list, costs, temperature: float) -> list:
@@ -107,14 +113,14 @@ def summarize(runs: list, costs, temperature: float) -> list:
             acceptance = accepted / proposed if proposed else 0.0
             rounds = sum(r["rounds"] for r in chosen)
             predicted = None
-            if mode not in ("0", "auto"):
+            if mode.isdigit() and mode != "0":
                 predicted = expected_speedup(min(acceptance, 0.999999), int(mode), costs)
             identical = sum(r["tokens"] == b["tokens"] for r, b in zip(chosen, base)) if temperature == 0 else None
             rows.append({
                 "kind": kind, "mode": mode, "runs": len(chosen), "tokens_per_s": rate, "speedup": rate / base_rate,
                 "predicted_speedup": predicted, "acceptance": acceptance,
                 "accepted_per_round": accepted / rounds if rounds else 0.0,
-                "tokens_per_target_pass": tokens / max(sum(r["target_forwards"] for r in chosen), 1),
+                "tokens_per_target_pass": tokens / max(rounds, 1),  # one verify pass per round
                 "draft_s": sum(r["draft_seconds"] for r in chosen), "verify_s": sum(r["verify_seconds"] for r in chosen),
                 "host_s": sum(r["host_seconds"] for r in chosen), "identical_to_target_only": identical,
             })
@@ -123,16 +129,16 @@ def summarize(runs: list, costs, temperature: float) -> list:
 
 def markdown(report: dict) -> str:
     lines = [
-        "| kind | draft tokens | tok/s | speedup | predicted | acceptance | accepted/round | draft s | verify s | host s | greedy == target-only |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | mode | tok/s | speedup | predicted | acceptance | accepted/round | tokens/target pass | draft s | verify s | host s | greedy == target-only |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["summary"]:
         predicted = f"{row['predicted_speedup']:.2f}x" if row["predicted_speedup"] else "-"
         identical = f"{row['identical_to_target_only']}/{row['runs']}" if row["identical_to_target_only"] is not None else "-"
-        mode = "target only" if row["mode"] == "0" else row["mode"]
+        mode = {"0": "target only"}.get(row["mode"], row["mode"] if not row["mode"].isdigit() else f"draft g={row['mode']}")
         lines.append(
             f"| {row['kind']} | {mode} | {row['tokens_per_s']:.2f} | {row['speedup']:.2f}x | {predicted} | "
-            f"{row['acceptance']:.2f} | {row['accepted_per_round']:.2f} | {row['draft_s']:.1f} | {row['verify_s']:.1f} | "
+            f"{row['acceptance']:.2f} | {row['accepted_per_round']:.2f} | {row['tokens_per_target_pass']:.2f} | {row['draft_s']:.1f} | {row['verify_s']:.1f} | "
             f"{row['host_s']:.2f} | {identical} |"
         )
     curve = ", ".join(f"T={t + 1}: {c / report['costs']['verify'][0]:.2f}x" for t, c in enumerate(report["costs"]["verify"]))
@@ -150,7 +156,7 @@ def plot(report: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in report["summary"] if r["kind"] == "all" and r["mode"] not in ("0", "auto")]
+    rows = [r for r in report["summary"] if r["kind"] == "all" and r["mode"].isdigit() and r["mode"] != "0"]
     if not rows:
         return False
     gammas = [int(r["mode"]) for r in rows]
@@ -174,7 +180,7 @@ def cmd_bench(args) -> int:
     from .decoder import SpeculativeDecoder
 
     prompts = load_prompts(args.prompts, args.limit)
-    modes = _modes(args.draft_tokens)
+    modes = build_modes(args.draft_tokens, args.proposers, args.trees)
     started = time.perf_counter()
     decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                       threads=args.threads, verify=not args.no_verify)

@@ -36,8 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt")
     add_sampling_args(generate)
     add_load_args(generate)
-    generate.add_argument("--draft-tokens", type=_draft_tokens, default=4, help="draft length per round, 0 = target only")
+    generate.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
+                          help="draft length per round, auto (default) or 0 = target only")
+    generate.add_argument("--proposer", default="draft", choices=["draft", "lookup", "hybrid"])
+    generate.add_argument("--tree", default=None, help="draft tree shape, e.g. 2,2,1, or auto")
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+
+    demo = commands.add_parser("demo", help="export the default real pair if needed, complete code, compare speeds")
+    demo.add_argument("--bundle", default=None, help="bundle folder (default: the cache's qwen2.5-coder-int4)")
+    demo.add_argument("--max-new-tokens", type=int, default=128)
 
     from .bench import add_bench_parser
 
@@ -64,7 +71,7 @@ def cmd_generate(args) -> int:
 
     decoder = _load(args)
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=_sampling(args), num_draft_tokens=args.draft_tokens,
-                  seed=args.seed)
+                  seed=args.seed, proposer=args.proposer, tree=args.tree)
     if args.stream:
         stats = GenerationStats()
         for piece in decoder.stream(args.prompt, stats=stats, **kwargs):
@@ -80,10 +87,10 @@ def cmd_generate(args) -> int:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"generate": cmd_generate}
     from .bench import cmd_bench
+    from .demo import cmd_demo
 
-    handlers["bench"] = cmd_bench
+    handlers = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

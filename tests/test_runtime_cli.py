@@ -59,4 +59,4 @@ def test_bench_writes_json_markdown_and_compares_modes(tiny_bundle, tmp_path):
     assert all_rows["0"]["speedup"] == pytest.approx(1.0)
     assert all_rows["2"]["identical_to_target_only"] == 2  # greedy outputs equal target-only
     assert all_rows["auto"]["identical_to_target_only"] == 2
-    assert "| all | 2 |" in (tmp_path / "out" / "bench.md").read_text()
+    assert "| all | draft g=2 |" in (tmp_path / "out" / "bench.md").read_text()

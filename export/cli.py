@@ -17,8 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--target", help="target model: a local Hugging Face folder or a .gguf file")
     source.add_argument("--pair", choices=sorted(PAIRS), help=f"a known pair from pinned packages (e.g. {DEFAULT_PAIR})")
+    source.add_argument("--build-engine", metavar="BUNDLE", help="build TensorRT engines for an existing bundle")
     parser.add_argument("--draft", help="draft model: a local Hugging Face folder or a .gguf file (optional)")
-    parser.add_argument("--out", required=True, type=Path, help="bundle folder to write (replaced atomically)")
+    parser.add_argument("--out", type=Path, help="bundle folder to write (replaced atomically)")
+    parser.add_argument("--engine", choices=["none", "tensorrt"], default="none",
+                        help="also build TensorRT engines from the exported ONNX (GPU machine with TensorRT)")
+    parser.add_argument("--engine-max-context", type=int, default=2048)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--quant", default="none", choices=["none", "int4", "int8"], help="weight-only quantization")
     parser.add_argument("--accuracy-level", type=int, default=4,
@@ -38,6 +42,10 @@ def main(argv=None) -> int:
         return 2
     progress = Progress()
     try:
+        if args.build_engine:
+            return _build_engines(args.build_engine, args, progress)
+        if args.out is None:
+            raise ValueError("--out is required")
         if args.pair:
             target, draft = pair_sources(args.pair, progress)
         else:
@@ -47,10 +55,22 @@ def main(argv=None) -> int:
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level,
         )
         manifest = export_bundle(options, progress)
+        if args.engine == "tensorrt":
+            return _build_engines(args.out, args, progress)
     except (ValueError, OSError) as exc:
         print(f"specdec-export: error: {exc}", file=sys.stderr)
         return 2
     print(summary(manifest, args.out))
+    return 0
+
+
+def _build_engines(bundle, args, progress) -> int:
+    from specdec.engines.profiles import ProfileLimits
+    from specdec.engines.tensorrt_build import build_engines
+
+    manifest = build_engines(bundle, ProfileLimits(max_context=args.engine_max_context), progress=progress)
+    for role, record in manifest.engines.items():
+        print(f"{role}: {record['file']} (TensorRT {record['tensorrt_version']}, sm {record['compute_capability']})")
     return 0
 
 

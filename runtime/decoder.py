@@ -153,10 +153,14 @@ class SpeculativeDecoder:
         if not 2 <= max_context <= manifest.target.max_positions:
             raise ValueError(f"max_context must be in 2..{manifest.target.max_positions} (the target's max positions)")
         step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
-        runners = {
-            role: ModelRunner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
-            for role, spec in manifest.models().items()
-        }
+        _check_memory(root, manifest, max_context, step_tokens, provider)
+        if provider == "tensorrt-native":
+            runners = _tensorrt_runners(root, manifest, max_context)
+        else:
+            runners = {
+                role: ModelRunner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
+                for role, spec in manifest.models().items()
+            }
         codec = TextCodec(inside(root, manifest.tokenizer_file))
         return cls(root, manifest, runners["target"], runners.get("draft"), codec)
 
@@ -514,6 +518,37 @@ class SpeculativeDecoder:
             if any(stop in text for stop in stops):
                 return new[:count], True
         return new, False
+
+
+def _check_memory(root: Path, manifest, max_context: int, step_tokens: int, provider: str) -> None:
+    """Refuse, before allocating, a load that cannot fit (host RAM, or the GPU's free memory)."""
+    from specdec.engines.memory import available_host_memory, budget, check_fits
+
+    available = available_host_memory()
+    if provider in ("cuda", "tensorrt", "tensorrt-native"):
+        try:
+            from specdec.engines.cuda_memory import free_device_memory
+
+            available = free_device_memory()
+        except (ValueError, RuntimeError):
+            pass  # no cuda-python: the provider check reports what is missing
+    if available is not None:
+        check_fits(budget(root, manifest, max_context, step_tokens), manifest, available, max_context)
+
+
+def _tensorrt_runners(root: Path, manifest, max_context: int) -> dict:
+    from specdec.engines.profiles import ProfileLimits
+    from specdec.engines.records import verified_engine
+    from specdec.engines.tensorrt_build import current_device
+    from specdec.engines.tensorrt_runner import TensorRTRunner
+
+    device = current_device()
+    runners = {}
+    for role, spec in manifest.models().items():
+        path, record = verified_engine(root, manifest, role, device)
+        limits = ProfileLimits(record.max_context, record.max_verify, record.max_prefill)
+        runners[role] = TensorRTRunner(str(path), spec, limits, max_context)
+    return runners
 
 
 def _context(seen: set, candidates: list, config: SamplingConfig) -> np.ndarray:

@@ -114,6 +114,7 @@ class Manifest:
     files: dict = field(default_factory=dict)  # relative path -> sha256 of every file in the bundle
     tools: dict = field(default_factory=dict)  # tool name -> version that made the bundle
     extra: dict = field(default_factory=dict)  # free notes (parity errors, export time); never read by the runtime
+    engines: dict = field(default_factory=dict)  # role -> TensorRT engine record (specdec.engines.records)
 
     def models(self) -> dict:
         return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
@@ -143,6 +144,7 @@ class Manifest:
                 files=dict(data.get("files", {})),
                 tools=dict(data.get("tools", {})),
                 extra=dict(data.get("extra", {})),
+                engines=dict(data.get("engines", {})),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"manifest.json is malformed: {exc!r}") from None

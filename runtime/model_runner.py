@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kv_store import DeviceKV, HostKV
 from .manifest import BundleError, ModelSpec
 from .masks import ancestor_matrix, chain_parents, fill_masks
 
@@ -28,7 +29,7 @@ def providers_for(provider: str) -> list:
     import onnxruntime as ort
 
     if provider not in PROVIDERS:
-        raise ValueError(f"provider {provider!r} is not one of {', '.join(PROVIDERS)}")
+        raise ValueError(f"provider {provider!r} is not one of {', '.join(PROVIDERS)}, tensorrt-native")
     wanted = PROVIDERS[provider][0]
     if wanted not in ort.get_available_providers():
         package = "onnxruntime-gpu" if provider in ("cuda", "tensorrt") else "onnxruntime"
@@ -57,7 +58,11 @@ class ModelRunner:
         self.max_context = max_context
         self.max_step_tokens = max_step_tokens
         kv_dtype = _NUMPY_KV[spec.kv_dtype]
-        self.cache = np.zeros((spec.num_layers, 2, 1, max_context, spec.num_kv_heads, spec.head_dim), dtype=kv_dtype)
+        self.kv_dtype = np.dtype(kv_dtype)
+        # CUDA / TensorRT execution providers keep the cache on the device; only logits come back
+        store = DeviceKV if provider in ("cuda", "tensorrt") else HostKV
+        self.kv = store(spec.num_layers, max_context, spec.num_kv_heads, spec.head_dim, kv_dtype)
+        self.cache = getattr(self.kv, "array", None)  # the host array (HostKV), for inspection
         self.slot_positions = np.zeros(max_context, dtype=np.int64)
         self.length = 0
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
@@ -120,12 +125,14 @@ class ModelRunner:
         if sliding is not None:
             _bind(binding.bind_input, "sliding_attention_mask", sliding.reshape(1, count, total))
         _bind(binding.bind_output, "logits", logits)
+        kv, device, dtype = self.kv, self.kv.device_type, self.kv_dtype
+        past_shape = [1, past, spec.num_kv_heads, spec.head_dim]
+        new_shape = [1, count, spec.num_kv_heads, spec.head_dim]
         for layer, names in enumerate(spec.kv):
-            keys, values = self.cache[layer, 0], self.cache[layer, 1]  # [1, C, KVH, D]
-            _bind(binding.bind_input, names.past_key, keys[:, :past])
-            _bind(binding.bind_input, names.past_value, values[:, :past])
-            _bind(binding.bind_output, names.new_key, keys[:, past:total])
-            _bind(binding.bind_output, names.new_value, values[:, past:total])
+            binding.bind_input(names.past_key, device, 0, dtype, past_shape, kv.pointer(layer, 0, 0))
+            binding.bind_input(names.past_value, device, 0, dtype, past_shape, kv.pointer(layer, 1, 0))
+            binding.bind_output(names.new_key, device, 0, dtype, new_shape, kv.pointer(layer, 0, past))
+            binding.bind_output(names.new_value, device, 0, dtype, new_shape, kv.pointer(layer, 1, past))
         self.session.run_with_iobinding(binding)
         self.slot_positions[past:total] = pos
         self.forward_count += 1
@@ -137,11 +144,9 @@ class ModelRunner:
 
     def move_rows(self, sources: np.ndarray, first_slot: int) -> None:
         """Copy slots ``sources`` (ascending) to ``first_slot``, ``first_slot + 1``, ... (tree compaction)."""
+        self.kv.move_rows(sources, first_slot)
         for offset, slot in enumerate(sources):
-            target = first_slot + offset
-            if slot != target:
-                self.cache[:, :, :, target] = self.cache[:, :, :, slot]
-                self.slot_positions[target] = self.slot_positions[slot]
+            self.slot_positions[first_slot + offset] = self.slot_positions[slot]
 
 
 _CHAIN_CACHE: dict = {}

@@ -1,0 +1,129 @@
+"""NVIDIA backends, checked without a GPU: profiles, engine records and refusals, memory budgets, selection errors."""
+
+import dataclasses
+import hashlib
+
+import pytest
+
+from specdec.engines.memory import MemoryBudgetError, budget, check_fits
+from specdec.engines.profiles import ProfileLimits, build_profiles, profile_for
+from specdec.engines.records import DeviceInfo, EngineRecord, verified_engine
+from specdec.runtime.manifest import BundleError, Manifest
+
+DEVICE = DeviceInfo(tensorrt_version="10.3.0", compute_capability="8.7")
+
+
+def test_profiles_cover_decode_verify_and_prefill_over_the_context(tiny_bundle):
+    spec = Manifest.read(tiny_bundle).target
+    limits = ProfileLimits(max_context=256, max_verify=9, max_prefill=64)
+    profiles = build_profiles(spec, limits)
+    assert [p.name for p in profiles] == ["decode", "verify", "prefill"]
+    decode, verify, prefill = (p.shapes for p in profiles)
+    assert decode["input_ids"] == ((1, 1), (1, 1), (1, 1))
+    assert verify["input_ids"][2] == (1, 9) and prefill["input_ids"][2] == (1, 64)
+    low, _, high = prefill["past.0.key"]
+    assert low[1] == 0 and high[1] + 64 == 256  # past + new never exceeds the context
+    assert prefill["attention_mask"][2] == (1, 64, 256)
+    assert set(decode) == {t.name for t in spec.inputs}
+    assert [profile_for(profiles, t) for t in (1, 5, 9, 10, 64)] == [0, 1, 1, 2, 2]
+    with pytest.raises(ValueError):
+        profile_for(profiles, 65)
+    with pytest.raises(ValueError):
+        ProfileLimits(max_context=64, max_verify=9, max_prefill=64)
+
+
+@pytest.fixture
+def bundle_with_fake_engine(tiny_bundle, tmp_path):
+    import shutil
+
+    root = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, root)
+    engine = root / "engines" / "target.engine"
+    engine.parent.mkdir()
+    engine.write_bytes(b"not really a TensorRT plan")
+    digest = hashlib.sha256(engine.read_bytes()).hexdigest()
+    manifest = Manifest.read(root)
+    record = EngineRecord("engines/target.engine", digest, DEVICE.tensorrt_version, DEVICE.compute_capability,
+                          ("decode", "verify", "prefill"), 256, 9, 64)
+    manifest = dataclasses.replace(manifest, files={**manifest.files, record.file: digest},
+                                   engines={"target": record.to_dict()})
+    (root / "manifest.json").write_text(manifest.to_json())
+    return root
+
+
+def test_recorded_engine_passes_the_checks(bundle_with_fake_engine):
+    manifest = Manifest.read(bundle_with_fake_engine)
+    path, record = verified_engine(bundle_with_fake_engine, manifest, "target", DEVICE)
+    assert path.name == "target.engine" and record.max_context == 256
+    assert Manifest.from_json(manifest.to_json()).engines == manifest.engines
+
+
+def test_tampered_engine_is_refused_before_deserializing(bundle_with_fake_engine):
+    (bundle_with_fake_engine / "engines" / "target.engine").write_bytes(b"evil plan")
+    manifest = Manifest.read(bundle_with_fake_engine)
+    with pytest.raises(BundleError, match="does not match its sha256.*never deserialized"):
+        verified_engine(bundle_with_fake_engine, manifest, "target", DEVICE)
+
+
+@pytest.mark.parametrize("device, message", [
+    (DeviceInfo("10.8.0", "8.7"), "built with TensorRT 10.3.0, this machine has 10.8.0"),
+    (DeviceInfo("10.3.0", "9.0"), "compute capability 8.7, this GPU is 9.0"),
+])
+def test_mismatched_engine_is_refused(bundle_with_fake_engine, device, message):
+    manifest = Manifest.read(bundle_with_fake_engine)
+    with pytest.raises(BundleError, match=message):
+        verified_engine(bundle_with_fake_engine, manifest, "target", device)
+
+
+def test_unknown_engine_is_refused(bundle_with_fake_engine):
+    manifest = Manifest.read(bundle_with_fake_engine)
+    with pytest.raises(BundleError, match="no TensorRT engine for the draft"):
+        verified_engine(bundle_with_fake_engine, manifest, "draft", DEVICE)
+
+
+def test_int4_bundles_are_refused_for_tensorrt_with_a_reason(tiny_bundle):
+    from specdec.engines.tensorrt_build import check_engine_ready
+
+    spec = dataclasses.replace(Manifest.read(tiny_bundle).target, quant="int4")
+    with pytest.raises(ValueError, match="MatMulNBits.*TensorRT cannot parse"):
+        check_engine_ready(spec)
+
+
+def test_memory_budget_suggests_a_context_that_fits(tiny_bundle):
+    manifest = Manifest.read(tiny_bundle)
+    plan = budget(tiny_bundle, manifest, max_context=512)
+    assert plan.weights > 0 and plan.kv_cache > 0
+    check_fits(plan, manifest, available=plan.total * 2, max_context=512)
+    tight = plan.total - plan.kv_cache // 2
+    with pytest.raises(MemoryBudgetError, match="load with max_context=|--quant int4"):
+        check_fits(plan, manifest, available=int(tight / 0.9), max_context=512)
+    with pytest.raises(MemoryBudgetError, match="weights alone do not fit"):
+        check_fits(plan, manifest, available=plan.weights // 2, max_context=512)
+
+
+def test_gpu_providers_without_their_packages_say_what_to_install(tiny_bundle):
+    import onnxruntime
+
+    from specdec import SpeculativeDecoder
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this machine has onnxruntime-gpu")
+    with pytest.raises(ValueError, match="provider cuda requested but onnxruntime has no CUDAExecutionProvider: "
+                                         "install onnxruntime-gpu"):
+        SpeculativeDecoder.load(tiny_bundle, provider="cuda")
+    with pytest.raises(ValueError, match="TensorRT is not installed|cuda-python is not installed"):
+        SpeculativeDecoder.load(tiny_bundle, provider="tensorrt-native")
+    with pytest.raises(ValueError, match="provider 'npu' is not one of"):
+        SpeculativeDecoder.load(tiny_bundle, provider="npu")
+
+
+@pytest.mark.gpu
+def test_gpu_check_script_runs_on_a_gpu():
+    """Runs only with -m gpu on a machine with a GPU: the prepared end-to-end check."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "samples" / "gpu_check.py"
+    proc = subprocess.run([sys.executable, str(script), "--tiny-only"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -17,10 +17,13 @@ from .kv_store import DeviceKV, HostKV
 from .manifest import BundleError, ModelSpec
 from .masks import ancestor_matrix, chain_parents, fill_masks
 
+# The CUDA arena grows only by what is requested (no power-of-two jumps): on Jetson's unified memory
+# the default strategy can take memory the CPU side needs.
+_CUDA = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "cuda": [_CUDA, "CPUExecutionProvider"],
+    "tensorrt": [("TensorrtExecutionProvider", {"trt_max_workspace_size": 1 << 30}), _CUDA, "CPUExecutionProvider"],
 }
 _NUMPY_KV = {"float32": np.float32, "float16": np.float16}
 
@@ -31,6 +34,7 @@ def providers_for(provider: str) -> list:
     if provider not in PROVIDERS:
         raise ValueError(f"provider {provider!r} is not one of {', '.join(PROVIDERS)}, tensorrt-native")
     wanted = PROVIDERS[provider][0]
+    wanted = wanted[0] if isinstance(wanted, tuple) else wanted
     if wanted not in ort.get_available_providers():
         package = "onnxruntime-gpu" if provider in ("cuda", "tensorrt") else "onnxruntime"
         raise ValueError(

@@ -41,3 +41,16 @@ def tiny_decoder(tiny_bundle):
     from specdec import SpeculativeDecoder
 
     return SpeculativeDecoder.load(tiny_bundle)
+
+
+@pytest.fixture
+def long_decoder_bundle_free_runner(tiny_bundle):
+    """A target ModelRunner with a 2048-slot cache whose onnxruntime run is a no-op (host work only)."""
+    from specdec.runtime.manifest import Manifest
+    from specdec.runtime.model_runner import ModelRunner
+
+    manifest = Manifest.read(tiny_bundle)
+    spec = manifest.target
+    runner = ModelRunner(str(tiny_bundle / spec.onnx_file), spec, "cpu", 2048, 64)
+    runner.session.run_with_iobinding = lambda binding: None
+    return runner

@@ -31,6 +31,9 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--repeat", type=int, default=1)
     bench.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json, bench.md, bench.png")
+    bench.add_argument("--peer-transformers", nargs=2, metavar=("TARGET", "DRAFT"),
+                       help="also time Hugging Face transformers target-only and assisted generation on this pair "
+                            "(local folders or .gguf files; needs torch)")
     add_load_args(bench)
 
 
@@ -95,6 +98,10 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
 def summarize(runs: list, costs, temperature: float) -> list:
     """One row per (kind, mode), kinds plus 'all'."""
     baseline = {(r["prompt"], r["repeat"]): r for r in runs if r["mode"] == "0"}
+
+    def baseline_of(run):  # peers run once (repeat 0): compare with specdec's target-only run of that prompt
+        return baseline.get((run["prompt"], run["repeat"])) or baseline[(run["prompt"], 0)]
+
     kinds = sorted({r["kind"] for r in runs}) + ["all"]
     modes = list(dict.fromkeys(r["mode"] for r in runs))
     rows = []
@@ -103,7 +110,7 @@ def summarize(runs: list, costs, temperature: float) -> list:
             chosen = [r for r in runs if r["mode"] == mode and (kind == "all" or r["kind"] == kind)]
             if not chosen:
                 continue
-            base = [baseline[(r["prompt"], r["repeat"])] for r in chosen]
+            base = [baseline_of(r) for r in chosen]
             tokens = sum(r["new_tokens"] for r in chosen)
             seconds = sum(r["decode_seconds"] for r in chosen)
             base_rate = sum(b["new_tokens"] for b in base) / max(sum(b["decode_seconds"] for b in base), 1e-9)
@@ -185,6 +192,14 @@ def cmd_bench(args) -> int:
     decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                       threads=args.threads, verify=not args.no_verify)
     report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat)
+    if args.peer_transformers:
+        from .peers import transformers_runs
+
+        if args.temperature != 0:
+            raise ValueError("peer columns are greedy only: use --temperature 0")
+        report["runs"] += transformers_runs(*args.peer_transformers, prompts, decoder.codec.encode,
+                                            args.max_new_tokens, lambda m: print(m, file=sys.stderr, flush=True))
+        report["summary"] = summarize(report["runs"], decoder.costs(), args.temperature)
     report["command"] = " ".join(sys.argv)
     report["seconds"] = time.perf_counter() - started
     out = Path(args.out)

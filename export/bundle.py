@@ -26,7 +26,7 @@ from pathlib import Path
 from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelSpec
 
 from .compat import check_specs, check_tokenizers, special_token_ids
-from .quantize import QUANTS, quantize_onnx
+from .quantize import QUANTS, release_freed_memory, quantize_onnx
 from .sources import DTYPES, ModelSource, SourceError, load_model, load_tokenizer, resolve_source
 
 PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
@@ -56,19 +56,30 @@ class ExportOptions:
             raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
 
 
-class Progress:
-    """Timestamped progress lines on stderr."""
+def rss_gib() -> tuple[float, float]:
+    """(current, peak) resident memory of this process in GiB, from /proc (0 where unknown)."""
+    values = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    values[line.split(":")[0]] = int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
 
-    def __init__(self, stream=sys.stderr):
+
+class Progress:
+    """Timestamped progress lines on stderr, with this process's memory (current / peak GiB)."""
+
+    def __init__(self, stream=None):
         self.start = time.monotonic()
         self.stream = stream
 
     def __call__(self, message: str) -> None:
-        print(f"[{time.monotonic() - self.start:7.1f}s] {message}", file=self.stream, flush=True)
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        rss, peak = rss_gib()
+        print(f"[{time.monotonic() - self.start:7.1f}s {rss:5.1f}/{peak:4.1f} GiB] {message}",
+              file=self.stream or sys.stderr, flush=True)
 
 
 def sha256_file(path: Path) -> str:
@@ -128,6 +139,7 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
     del model  # frees the float weights before the graph is checked or quantized (peak memory)
     gc.collect()
+    release_freed_memory()
     parity = {}
     if references is not None and options.dtype == "float32":
         progress(f"{role}: parity check of the float graph (prefill, decode, chain verify, tree)")

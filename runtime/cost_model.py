@@ -71,11 +71,15 @@ class AutoDraftLength:
     exponentially decayed counts: accepted / (accepted + rejections). When the bound says
     speculation loses, rounds run target-only and every ``probe_every`` rounds one probe
     round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
+    The costs start from the calibration and follow the passes the request actually runs
+    (``observe_pass``): alternating two models and growing contexts cost more than isolated
+    calibration runs, and the choice of g should see that.
     """
 
     def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
-                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02):
+                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8):
         self.costs = costs
+        self.cost_decay = cost_decay
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted = prior_acceptance * prior_weight
         self.rejected = (1.0 - prior_acceptance) * prior_weight
@@ -98,6 +102,16 @@ class AutoDraftLength:
             self.rounds_without_draft = 0
             return 1
         return 0
+
+    def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
+        """Refine the calibrated costs with a pass the request really ran (same machine state, real context)."""
+        keep = self.cost_decay
+        if role == "target" and 1 <= tokens <= len(self.costs.verify):
+            verify = list(self.costs.verify)
+            verify[tokens - 1] = keep * verify[tokens - 1] + (1 - keep) * seconds
+            self.costs = Costs(self.costs.draft_step, tuple(verify))
+        elif role == "draft" and tokens <= 2 and self.costs.draft_step > 0:
+            self.costs = Costs(keep * self.costs.draft_step + (1 - keep) * seconds, self.costs.verify)
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

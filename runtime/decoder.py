@@ -128,6 +128,7 @@ class SpeculativeDecoder:
         self.max_context = target.max_context
         self._busy = threading.Lock()
         self._costs: Costs | None = None
+        self._plan = None  # the running request's proposal plan (sees every pass's cost)
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
@@ -293,65 +294,71 @@ class SpeculativeDecoder:
             runner.reset()
             self._catch_up(runner, tokens, stats)
         stats.prefill_seconds = time.perf_counter() - started
-        stats.verify_seconds = stats.draft_seconds = 0.0
-        started = time.perf_counter()
-        produced = 0
-        while produced < request.max_new_tokens:
-            budget = request.max_new_tokens - produced - 1  # the round's own target token needs one slot
-            if request.tree is not None and budget > 0:
-                new, accepted, proposed = self._tree_round(tokens, seen, request.tree, budget, config, rng, stats)
-                drafts = [None] * proposed
-                source = "tree"
-            else:
-                source, drafts, draft_dists = plan.propose(tokens, budget)
-            if source == "tree":
-                pass
-            elif source == "draft":
-                drafts, draft_dists = self._propose(tokens, seen, len(drafts), config, rng, stats)
-            elif source == "lookup" and not config.greedy:
-                draft_dists = list(one_hot_rows(drafts, self.manifest.target.vocab_size))
-            if source != "tree":
-                accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
-                new = drafts[:accepted] + [next_token]
-            plan.observe(source, len(drafts), accepted)
-            if source == "lookup":
-                stats.lookup_rounds += 1
-            if source == "draft":
-                # the draft's cache holds tokens + drafts[:-1]; keep only what was committed
-                self.draft.length = min(self.draft.length, len(tokens) + accepted)
-            finish = ""
-            for index, token in enumerate(new):
-                if token in self.eos_ids:
-                    new, finish = new[: index + 1], "eos"
-                    break
-            if request.stop:
-                new, stopped = self._stop_check(tokens[len(request.prompt_ids):], new, request.stop)
-                finish = "stop" if stopped else finish
-            tokens.extend(new)
-            seen.update(new)
-            produced += len(new)
-            stats.rounds += 1
-            stats.proposed += len(drafts)
-            stats.accepted += accepted
-            stats.new_tokens = produced
-            if not finish and produced >= request.max_new_tokens:
-                finish = "length"
+        self._plan = plan
+        try:
+            stats.verify_seconds = stats.draft_seconds = 0.0
+            started = time.perf_counter()
+            produced = 0
+            while produced < request.max_new_tokens:
+                budget = request.max_new_tokens - produced - 1  # the round's own target token needs one slot
+                source, new, proposed, accepted = self._one_round(plan, tokens, seen, budget, config, rng, stats)
+                plan.observe(source, proposed, accepted)
+                finish = ""
+                for index, token in enumerate(new):
+                    if token in self.eos_ids:
+                        new, finish = new[: index + 1], "eos"
+                        break
+                if request.stop:
+                    new, stopped = self._stop_check(tokens[len(request.prompt_ids):], new, request.stop)
+                    finish = "stop" if stopped else finish
+                tokens.extend(new)
+                seen.update(new)
+                produced += len(new)
+                stats.rounds += 1
+                stats.proposed += proposed
+                stats.accepted += accepted
+                stats.lookup_rounds += source == "lookup"
+                stats.new_tokens = produced
+                if not finish and produced >= request.max_new_tokens:
+                    finish = "length"
+                stats.decode_seconds = time.perf_counter() - started
+                yield new, finish
+                if finish:
+                    return
             stats.decode_seconds = time.perf_counter() - started
-            yield new, finish
-            if finish:
-                return
-        stats.decode_seconds = time.perf_counter() - started
+        finally:
+            self._plan = None
+
+    def _one_round(self, plan, tokens, seen, budget, config, rng, stats) -> tuple[str, list, int, int]:
+        """Propose, verify in one target pass, accept: (proposal source, new tokens, proposed, accepted)."""
+        if plan.tree is not None and budget > 0:
+            new, accepted, proposed = self._tree_round(tokens, seen, plan.tree, budget, config, rng, stats)
+            return "tree", new, proposed, accepted
+        source, drafts = plan.propose(tokens, budget)
+        draft_dists = []
+        if source == "draft":
+            drafts, draft_dists = self._propose(tokens, seen, len(drafts), config, rng, stats)
+        elif source == "lookup" and not config.greedy:
+            draft_dists = list(one_hot_rows(drafts, self.manifest.target.vocab_size))
+        accepted, next_token = self._verify(tokens, seen, drafts, draft_dists, config, rng, stats)
+        if source == "draft":
+            # the draft's cache holds tokens + drafts[:-1]; keep only what was committed
+            self.draft.length = min(self.draft.length, len(tokens) + accepted)
+        return source, drafts[:accepted] + [next_token], len(drafts), accepted
 
     def _timed_forward(self, runner: ModelRunner, feed, first_position: int, stats: GenerationStats):
         begin = time.perf_counter()
         logits = runner.forward(feed, range(first_position, first_position + len(feed)))
         elapsed = time.perf_counter() - begin
-        if runner is self.target:
+        role = "target" if runner is self.target else "draft"
+        if role == "target":
             stats.verify_seconds += elapsed
             stats.target_forwards += 1
         else:
             stats.draft_seconds += elapsed
             stats.draft_forwards += 1
+        if self._plan is not None:
+            self._plan.observe_pass(role, len(feed), elapsed)
         return logits
 
     def _catch_up(self, runner: ModelRunner, tokens: list, stats: GenerationStats) -> None:
@@ -573,9 +580,10 @@ class _ProposalPlan:
         self.request = request
         auto = request.num_draft_tokens == "auto"
         self.uses_draft = decoder.draft is not None and request.proposer in ("draft", "hybrid") and (
-            auto or request.num_draft_tokens > 0
+            auto or request.num_draft_tokens > 0 or request.tree is not None
         )
         self.uses_lookup = request.proposer in ("lookup", "hybrid")
+        self.tree = request.tree
         self.model_auto = self.lookup_auto = None
         if auto and (self.uses_draft or self.uses_lookup):
             costs = decoder._measured_costs()
@@ -591,10 +599,10 @@ class _ProposalPlan:
             return controller.choose() if controller is not None else 0
         return self.request.num_draft_tokens
 
-    def propose(self, tokens: list, budget: int) -> tuple[str, list, list]:
-        """("draft", [None] * gamma, []) asks the draft model for gamma tokens; ("lookup", ids, []); ("none", [], [])."""
+    def propose(self, tokens: list, budget: int) -> tuple[str, list]:
+        """("draft", [None] * gamma) asks the draft model for gamma tokens; ("lookup", ids); ("none", [])."""
         if budget <= 0:
-            return "none", [], []
+            return "none", []
         if self.uses_lookup:
             length = min(self._length(self.lookup_auto), budget)
             if length > 0:
@@ -602,12 +610,18 @@ class _ProposalPlan:
                 min_ngram = 2 if self.uses_draft else 1  # hybrid: trust only longer matches over the draft model
                 found = lookup_proposal(self.history[: len(tokens)], length, min_ngram=min_ngram)
                 if found:
-                    return "lookup", found, []
+                    return "lookup", found
         if self.uses_draft:
             gamma = min(self._length(self.model_auto), budget)
             if gamma > 0:
-                return "draft", [None] * gamma, []
-        return "none", [], []
+                return "draft", [None] * gamma
+        return "none", []
+
+    def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
+        if self.model_auto is not None:
+            self.model_auto.observe_pass(role, tokens, seconds)
+        if self.lookup_auto is not None and role == "target":
+            self.lookup_auto.observe_pass(role, tokens, seconds)
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
         controller = {"draft": self.model_auto, "lookup": self.lookup_auto}.get(source)

@@ -87,13 +87,17 @@ def pick_children(dist: np.ndarray, count: int, greedy: bool, rng: np.random.Gen
     dist: [V] the node's draft distribution. Only tokens with positive probability are returned,
     in draw order (for Gumbel-top-k, descending keys = sequential sampling without replacement).
     """
+    if greedy:
+        count = min(count, int(np.count_nonzero(dist > 0)))
+        if count == 0:
+            return []
+        top = np.argpartition(-dist, count - 1)[:count]  # O(V), then order the few winners
+        return [int(t) for t in top[np.argsort(-dist[top], kind="stable")]]
     support = np.flatnonzero(dist > 0)
     count = min(count, len(support))
-    if greedy:
-        top = support[np.argsort(-dist[support], kind="stable")[:count]]
-        return [int(t) for t in top]
     keys = np.log(dist[support]) - np.log(-np.log(rng.random(len(support))))
-    order = np.argsort(-keys, kind="stable")[:count]
+    order = np.argpartition(-keys, count - 1)[:count] if count < len(support) else np.arange(len(support))
+    order = order[np.argsort(-keys[order], kind="stable")]
     return [int(t) for t in support[order]]
 
 
@@ -111,8 +115,8 @@ def allocate_children(
     """
     values = []
     for node, (score, dist) in enumerate(zip(scores, dists)):
-        top = np.sort(np.partition(dist, len(dist) - slots)[len(dist) - slots :])[::-1] if slots < len(dist) else np.sort(dist)[::-1]
-        values += [(score * float(p), node) for p in top[:slots] if p > 0]
+        top = dist[np.argpartition(-dist, slots - 1)[:slots]] if slots < len(dist) else dist
+        values += [(score * float(p), node) for p in top if p > 0]
     values.sort(key=lambda item: -item[0])
     counts = [0] * len(scores)
     for _, node in values[:slots]:

@@ -12,14 +12,14 @@ def test_greedy_matches_target_only_for_every_gamma(tiny_decoder, prompt):
     baseline = tiny_decoder.generate(prompt, max_new_tokens=48, num_draft_tokens=0)
     assert baseline.stats.draft_forwards == 0
     for gamma in range(1, 9):
-        result = tiny_decoder.generate(prompt, max_new_tokens=48, num_draft_tokens=gamma)
+        result = tiny_decoder.generate(prompt, max_new_tokens=48, num_draft_tokens=gamma, proposer="draft")
         assert result.token_ids == baseline.token_ids, f"gamma={gamma}"
         assert result.stats.target_forwards < baseline.stats.target_forwards  # the draft did help
 
 
 def test_draft_is_useful_but_imperfect(tiny_decoder):
     """The fixture pair must exercise both acceptance and rejection, or the tests above prove little."""
-    stats = tiny_decoder.generate(PROMPTS[1], max_new_tokens=64, num_draft_tokens=4).stats
+    stats = tiny_decoder.generate(PROMPTS[1], max_new_tokens=64, num_draft_tokens=4, proposer="draft").stats
     assert 0.2 < stats.acceptance_rate < 0.98
 
 

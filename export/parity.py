@@ -38,10 +38,10 @@ class OnnxRunner:
     def __init__(self, onnx_path: Path, spec: ModelSpec):
         import onnxruntime as ort
 
+        from specdec.runtime.model_runner import session_options
+
         self.spec = spec
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(onnx_path), session_options(), providers=["CPUExecutionProvider"])
 
     def run(self, tokens, positions, past, parents=None, past_positions=None):
         """past: list of (keys [P, KVH, D], values [P, KVH, D]) per layer. Returns logits [T, V], new rows."""

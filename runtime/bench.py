@@ -41,12 +41,14 @@ def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict
     """label -> generate() keyword arguments; "0" (target-only) is always first."""
     modes = {"0": {"num_draft_tokens": 0}}
     for item in filter(None, (part.strip() for part in draft_tokens.split(","))):
-        length = "auto" if item == "auto" else int(item)
-        modes[str(length)] = {"num_draft_tokens": length}
+        if item == "auto":  # the product default: auto lengths, hybrid proposals
+            modes["auto"] = {"num_draft_tokens": "auto"}
+        elif int(item) > 0:  # a fixed chain from the draft model
+            modes[item] = {"num_draft_tokens": int(item), "proposer": "draft"}
     for proposer in filter(None, (part.strip() for part in proposers.split(","))):
         if proposer not in ("lookup", "hybrid", "draft"):
             raise ValueError(f"--proposers takes lookup, hybrid or draft, got {proposer!r}")
-        modes[proposer] = {"num_draft_tokens": "auto", "proposer": proposer}
+        modes[f"auto:{proposer}"] = {"num_draft_tokens": "auto", "proposer": proposer}
     for shape in filter(None, (part.strip() for part in trees.split(";"))):
         modes[f"tree:{shape}"] = {"tree": shape}
     return modes

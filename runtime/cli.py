@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_args(generate)
     generate.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
                           help="draft length per round, auto (default) or 0 = target only")
-    generate.add_argument("--proposer", default="draft", choices=["draft", "lookup", "hybrid"])
+    generate.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"],
+                          help="default: hybrid (lookup for a bundle without a draft)")
     generate.add_argument("--tree", default=None, help="draft tree shape, e.g. 2,2,1, or auto")
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
 

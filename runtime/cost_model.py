@@ -103,6 +103,11 @@ class AutoDraftLength:
             return 1
         return 0
 
+    def tokens_per_second(self, gamma: int) -> float:
+        """Expected emitted tokens per second of a round with ``gamma`` proposals, at the current estimates."""
+        cost = gamma * self.costs.draft_step + self.costs.verify_cost(gamma + 1)
+        return expected_tokens_per_round(self.acceptance, gamma) / cost
+
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
         """Refine the calibrated costs with a pass the request really ran (same machine state, real context)."""
         keep = self.cost_decay

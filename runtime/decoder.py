@@ -168,13 +168,14 @@ class SpeculativeDecoder:
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-                 proposer: str = "draft", tree=None) -> GenerationResult:
+                 proposer: str | None = None, tree=None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
 
         num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
         the running acceptance; falls back to plain decoding when speculation would lose) or 0 (target only).
         proposer: "draft" (the draft model), "lookup" (n-gram prompt lookup, no draft model needed) or
-        "hybrid" (lookup when the text repeats, the draft model otherwise).
+        "hybrid" (lookup when the text repeats, the draft model otherwise; with "auto", whichever promises
+        more tokens per second). Default: "hybrid", or "lookup" for a bundle without a draft.
         tree: None (a chain of drafts), branching factors per depth such as "4,2,2,1" or (2, 2, 1), or "auto"
         (a dynamic tree grown from the draft's confidence within a node budget); verified in one target pass.
         """
@@ -192,7 +193,7 @@ class SpeculativeDecoder:
 
     def stream(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-               proposer: str = "draft", tree=None, stats: GenerationStats | None = None) -> Iterator[str]:
+               proposer: str | None = None, tree=None, stats: GenerationStats | None = None) -> Iterator[str]:
         """Yield text pieces as rounds complete; the same tokens as ``generate`` with the same arguments."""
         request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
         stats = stats if stats is not None else GenerationStats()
@@ -227,6 +228,8 @@ class SpeculativeDecoder:
             raise GenerationError("prompt is empty: give some text or token ids")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if proposer is None:
+            proposer = "draft" if tree is not None else ("hybrid" if self.draft is not None else "lookup")
         if proposer not in PROPOSERS:
             raise GenerationError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
         if num_draft_tokens == "auto":
@@ -603,18 +606,25 @@ class _ProposalPlan:
         """("draft", [None] * gamma) asks the draft model for gamma tokens; ("lookup", ids); ("none", [])."""
         if budget <= 0:
             return "none", []
+        found = []
         if self.uses_lookup:
             length = min(self._length(self.lookup_auto), budget)
             if length > 0:
                 self.history[: len(tokens)] = tokens
-                min_ngram = 2 if self.uses_draft else 1  # hybrid: trust only longer matches over the draft model
+                # fixed-length hybrid trusts only 2-gram matches over the draft; auto weighs them (below)
+                min_ngram = 2 if self.uses_draft and self.lookup_auto is None else 1
                 found = lookup_proposal(self.history[: len(tokens)], length, min_ngram=min_ngram)
-                if found:
-                    return "lookup", found
-        if self.uses_draft:
-            gamma = min(self._length(self.model_auto), budget)
-            if gamma > 0:
+        gamma = min(self._length(self.model_auto), budget) if self.uses_draft else 0
+        if found and gamma and self.lookup_auto is not None and self.model_auto is not None:
+            # auto hybrid: take whichever proposal promises more tokens per second of this round
+            lookup_rate = self.lookup_auto.tokens_per_second(len(found))
+            if self.model_auto.tokens_per_second(gamma) > lookup_rate:
                 return "draft", [None] * gamma
+            return "lookup", found
+        if found:
+            return "lookup", found
+        if gamma > 0:
+            return "draft", [None] * gamma
         return "none", []
 
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:

@@ -47,13 +47,15 @@ def providers_for(provider: str) -> list:
 _GLOBAL_POOL: dict = {}
 
 
-def _session(onnx_path: str, providers: list, threads: int | None):
-    """An inference session on the process-wide shared thread pool.
+def session_options(threads: int | None = None):
+    """SessionOptions on the process-wide shared thread pool (every session of the process must use it).
 
     Draft and target run alternately, never at once. With a thread pool per session, the idle
     session's workers keep spinning while the other one runs and the two fight over the cores
     (measured on 2 cores: each pass about 35% slower than alone, which erased the speculative
-    gain). One shared pool serves whichever session runs.
+    gain). One shared pool serves whichever session runs. If the onnxruntime environment was
+    created before specdec could set the pool up, sessions get their own pools that sleep
+    instead of spinning between runs.
     """
     import onnxruntime as ort
     from onnxruntime.capi import _pybind_state
@@ -69,20 +71,17 @@ def _session(onnx_path: str, providers: list, threads: int | None):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if _GLOBAL_POOL["ok"]:
         options.use_per_session_threads = False
-        try:
-            return ort.InferenceSession(onnx_path, options, providers=providers)
-        except Exception as exc:
-            if "global" not in str(exc).lower() and "thread" not in str(exc).lower():
-                raise
-            _GLOBAL_POOL["ok"] = False
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-    # fallback: per-session pools that sleep instead of spinning between runs
-    options.use_per_session_threads = True
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if threads:
-        options.intra_op_num_threads = threads
-    return ort.InferenceSession(onnx_path, options, providers=providers)
+    else:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if threads:
+            options.intra_op_num_threads = threads
+    return options
+
+
+def _session(onnx_path: str, providers: list, threads: int | None):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(onnx_path, session_options(threads), providers=providers)
 
 
 class ModelRunner:

@@ -39,3 +39,21 @@ def test_architecture_exports_with_parity(arch, tmp_path):
     assert spec.architecture == arch and spec.vocab_size == 128
     assert spec.has_sliding_mask == (arch in ("mistral", "gemma3_text"))
     assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["format_version"] == 1
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_weight_only_quantized_bundles_load_and_decode(quant, tiny_pair_dirs, tmp_path):
+    """MatMulNBits bundles: every MatMul weight quantized, parity reported, the runtime decodes exactly."""
+    from specdec import SpeculativeDecoder
+
+    target, draft = tiny_pair_dirs
+    manifest = export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "b", quant=quant),
+                             progress=lambda msg: None)
+    assert manifest.target.quant == quant and manifest.draft.quant == quant
+    assert set(manifest.extra["parity_max_abs_error"]["target"]) == {"float", quant}
+    graph = (tmp_path / "b" / "target" / "model.onnx").read_bytes()
+    assert b"MatMulNBits" in graph
+    decoder = SpeculativeDecoder.load(tmp_path / "b")
+    baseline = decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=0)
+    assert decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=3, proposer="draft").token_ids \
+        == baseline.token_ids

@@ -157,6 +157,40 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     return spec, parity
 
 
+def _die_with_parent() -> None:
+    """Worker initializer: a worker whose exporting parent is killed exits too (Linux prctl)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def _for_worker(progress):
+    """The progress reporter a worker process can use (callers' closures cannot cross processes)."""
+    return progress if isinstance(progress, Progress) else _silent
+
+
+def _isolated(function, *args):
+    """Run ``function(*args)`` in a fresh process and return its result.
+
+    Each model is loaded, exported and checked in its own process, so everything PyTorch,
+    the GGUF loader and the exporter allocated is returned to the system when it ends: the
+    next model (and the quantizer) start from a small parent instead of on top of ~8 GB of
+    freed-but-held memory (measured on the 1.5B target).
+    """
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1, initializer=_die_with_parent) as pool:
+        return pool.apply(function, args)
+
+
 def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written."""
     progress = progress or Progress()
@@ -178,11 +212,11 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     try:
         specs, parity = {}, {}
         if draft_source is not None:
-            specs["draft"], parity["draft"] = _export_one(
-                "draft", draft_source, draft_tokenizer, options, staging, progress
+            specs["draft"], parity["draft"] = _isolated(
+                _export_one, "draft", draft_source, draft_tokenizer, options, staging, _for_worker(progress)
             )
-        specs["target"], parity["target"] = _export_one(
-            "target", target_source, target_tokenizer, options, staging, progress
+        specs["target"], parity["target"] = _isolated(
+            _export_one, "target", target_source, target_tokenizer, options, staging, _for_worker(progress)
         )
         if draft_source is not None:
             check_specs(specs["target"], specs["draft"])

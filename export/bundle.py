@@ -26,7 +26,7 @@ from pathlib import Path
 from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelSpec
 
 from .compat import check_specs, check_tokenizers, special_token_ids
-from .quantize import QUANTS, release_freed_memory, quantize_onnx
+from .quantize import QUANTS, quantize_onnx
 from .sources import DTYPES, ModelSource, SourceError, load_model, load_tokenizer, resolve_source
 
 PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
@@ -121,7 +121,8 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    """Load, export and check the float graph (run in a worker process). Returns what quantization needs."""
     from .onnx_export import ONNX_NAME, export_model
     from .parity import check_parity, reference_outputs
 
@@ -137,15 +138,25 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     float_dir = staging / (role if options.quant == "none" else f".{role}-float")
     progress(f"{role}: exporting ONNX ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
     spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
-    del model  # frees the float weights before the graph is checked or quantized (peak memory)
+    del model
     gc.collect()
-    release_freed_memory()
     parity = {}
     if references is not None and options.dtype == "float32":
         progress(f"{role}: parity check of the float graph (prefill, decode, chain verify, tree)")
         parity["float"] = check_parity(references, float_dir / ONNX_NAME, spec, prompt, extra)
     elif references is not None:
         parity["float"] = "skipped: onnxruntime's CPU kernels do not cover every float16/bfloat16 op this graph uses"
+    return spec, parity, references, prompt, extra, float_dir
+
+
+def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    """Export one model: the float graph in a worker process, then (after it has exited) quantization."""
+    from .onnx_export import ONNX_NAME
+    from .parity import check_parity
+
+    spec, parity, references, prompt, extra, float_dir = _isolated(
+        _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
+    )
     if options.quant != "none":
         progress(f"{role}: quantizing weights to {options.quant} (MatMulNBits)")
         quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level)
@@ -212,12 +223,10 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     try:
         specs, parity = {}, {}
         if draft_source is not None:
-            specs["draft"], parity["draft"] = _isolated(
-                _export_one, "draft", draft_source, draft_tokenizer, options, staging, _for_worker(progress)
-            )
-        specs["target"], parity["target"] = _isolated(
-            _export_one, "target", target_source, target_tokenizer, options, staging, _for_worker(progress)
-        )
+            specs["draft"], parity["draft"] = _export_one("draft", draft_source, draft_tokenizer, options, staging,
+                                                          progress)
+        specs["target"], parity["target"] = _export_one("target", target_source, target_tokenizer, options, staging,
+                                                        progress)
         if draft_source is not None:
             check_specs(specs["target"], specs["draft"])
         target_tokenizer.save_pretrained(str(staging / "tokenizer"))

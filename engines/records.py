@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.runtime.bundle import _sha256, inside
+from specdec.runtime.bundle import sha256_file, inside
 from specdec.runtime.manifest import BundleError, Manifest
 
 
@@ -54,7 +54,7 @@ def verified_engine(bundle_dir: str | Path, manifest: Manifest, role: str, devic
         raise BundleError(f"engine {record.file} is not hashed consistently in manifest.json: refused")
     if not path.is_file():
         raise BundleError(f"engine {record.file} is missing: rebuild it with specdec-export build-engine")
-    if _sha256(path) != record.sha256:
+    if sha256_file(path) != record.sha256:
         raise BundleError(f"engine {record.file} does not match its sha256 in manifest.json: refused (never deserialized)")
     if record.tensorrt_version != device.tensorrt_version:
         raise BundleError(

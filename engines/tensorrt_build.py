@@ -12,7 +12,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from specdec.runtime.bundle import _sha256, open_bundle
+from specdec.runtime.bundle import sha256_file, open_bundle
 from specdec.runtime.manifest import MANIFEST_NAME, BundleError, Manifest
 
 from .profiles import ProfileLimits, build_profiles
@@ -86,7 +86,7 @@ def build_engines(bundle_dir: str | Path, limits: ProfileLimits = ProfileLimits(
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         partial.write_bytes(bytes(serialized))
         os.replace(partial, path)
-        digest = _sha256(path)
+        digest = sha256_file(path)
         files[relative] = digest
         records[role] = EngineRecord(
             file=relative, sha256=digest, tensorrt_version=device.tensorrt_version,

@@ -15,7 +15,6 @@ under the destination name and never touches an existing bundle until the new on
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import shutil
 import sys
@@ -23,7 +22,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ModelSpec
+from specdec.runtime.bundle import sha256_file
+from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 
 from .compat import check_specs, check_tokenizers, special_token_ids
 from .quantize import QUANTS, quantize_onnx
@@ -80,14 +80,6 @@ class Progress:
         rss, peak = rss_gib()
         print(f"[{time.monotonic() - self.start:7.1f}s {rss:5.1f}/{peak:4.1f} GiB] {message}",
               file=self.stream or sys.stderr, flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def hash_tree(root: Path) -> dict:

@@ -22,7 +22,7 @@ from .manifest import BundleError, Manifest
 from .onnx_paths import ProtobufError, external_data_locations
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -65,7 +65,7 @@ class HashCache:
         entry = self.entries.get(key)
         if entry and entry[0] == identity:
             return entry[1]
-        digest = _sha256(path)
+        digest = sha256_file(path)
         self.entries[key] = [identity, digest]
         self.dirty = True
         return digest

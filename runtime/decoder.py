@@ -349,9 +349,12 @@ class SpeculativeDecoder:
             self.draft.length = min(self.draft.length, len(tokens) + accepted)
         return source, drafts[:accepted] + [next_token], len(drafts), accepted
 
-    def _timed_forward(self, runner: ModelRunner, feed, first_position: int, stats: GenerationStats):
+    def _timed_forward(self, runner: ModelRunner, feed, first_position, stats: GenerationStats, **tree):
+        """One pass, timed into ``stats``. first_position: an int (a chain from there) or explicit positions;
+        ``tree``: parents / visible_past for tree passes."""
+        positions = range(first_position, first_position + len(feed)) if isinstance(first_position, int) else first_position
         begin = time.perf_counter()
-        logits = runner.forward(feed, range(first_position, first_position + len(feed)))
+        logits = runner.forward(feed, positions, **tree)
         elapsed = time.perf_counter() - begin
         role = "target" if runner is self.target else "draft"
         if role == "target":
@@ -467,11 +470,8 @@ class SpeculativeDecoder:
             for row, node in enumerate(level):
                 for ancestor in tree.path_to(node)[:-1]:
                     visible_past[row, base + ancestor] = True
-            begin = time.perf_counter()
-            logits = draft.forward([tree.tokens[n] for n in level], [base - 1 + depth] * len(level),
-                                   parents=[-1] * len(level), visible_past=visible_past)
-            stats.draft_seconds += time.perf_counter() - begin
-            stats.draft_forwards += 1
+            logits = self._timed_forward(draft, [tree.tokens[n] for n in level], [base - 1 + depth] * len(level), stats,
+                                         parents=[-1] * len(level), visible_past=visible_past)
             draft.commit(len(level))
             tree.fed = len(tree.tokens)
             frontier = []
@@ -493,10 +493,7 @@ class SpeculativeDecoder:
         feed = prefix + tree.tokens
         parents = list(range(-1, len(prefix) - 1)) + [root_row if p == ROOT else len(prefix) + p for p in tree.parents]
         positions = list(range(start, start + len(prefix))) + [start + root_row + d for d in tree.depths]
-        begin = time.perf_counter()
-        logits = target.forward(feed, positions, parents=parents)
-        stats.verify_seconds += time.perf_counter() - begin
-        stats.target_forwards += 1
+        logits = self._timed_forward(target, feed, positions, stats, parents=parents)
 
         def context_at(expansion):
             path = [] if expansion == 0 else [tree.tokens[n] for n in tree.path_to(expansion - 1)]

@@ -44,10 +44,10 @@ def current_device() -> DeviceInfo:
 
 
 def check_engine_ready(spec) -> None:
-    if spec.quant != "none":
+    if spec.quant not in ("none", "int4-qdq"):
         raise ValueError(
             f"the {spec.role} graph uses onnxruntime's MatMulNBits ({spec.quant}), which TensorRT cannot parse: "
-            "build engines from a --quant none bundle (float16 recommended)"
+            "build engines from a --quant int4-qdq bundle (int4 weight-only) or a --quant none one (float16 recommended)"
         )
 
 

@@ -50,8 +50,10 @@ class ExportOptions:
             raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.quant not in QUANTS:
             raise ValueError(f"--quant {self.quant!r} is not one of {', '.join(QUANTS)}")
-        if self.quant != "none" and self.dtype != "float32":
-            raise ValueError("weight-only --quant applies to a float32 export: use --dtype float32 with --quant")
+        if self.quant in ("int4", "int8") and self.dtype != "float32":
+            raise ValueError(f"--quant {self.quant} (MatMulNBits) applies to a float32 export: use --dtype float32")
+        if self.quant == "int4-qdq" and self.dtype not in ("float32", "float16"):
+            raise ValueError("--quant int4-qdq applies to a float32 or float16 export")
         if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
 
@@ -150,7 +152,7 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
         _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
     )
     if options.quant != "none":
-        progress(f"{role}: quantizing weights to {options.quant} (MatMulNBits)")
+        progress(f"{role}: quantizing weights to {options.quant}")
         quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level)
         shutil.rmtree(float_dir)
         spec = replace(spec, quant=options.quant)

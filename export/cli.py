@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also build TensorRT engines from the exported ONNX (GPU machine with TensorRT)")
     parser.add_argument("--engine-max-context", type=int, default=2048)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--quant", default="none", choices=["none", "int4", "int8"], help="weight-only quantization")
+    parser.add_argument("--quant", default="none", choices=["none", "int4", "int8", "int4-qdq"],
+                        help="weight-only quantization: int4/int8 = onnxruntime MatMulNBits (fastest on CPU); "
+                             "int4-qdq = standard DequantizeLinear+MatMul (TensorRT int4 weight-only; onnxruntime runs it too)")
     parser.add_argument("--accuracy-level", type=int, default=4,
                         help="MatMulNBits accuracy_level 0..4 (default 4: int8 activations, fastest on CPU)")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
@@ -46,6 +48,9 @@ def main(argv=None) -> int:
             return _build_engines(args.build_engine, args, progress)
         if args.out is None:
             raise ValueError("--out is required")
+        if args.engine == "tensorrt" and args.quant in ("int4", "int8"):
+            raise ValueError(f"--engine tensorrt cannot use --quant {args.quant} (onnxruntime's MatMulNBits): "
+                             "use --quant int4-qdq (int4 weight-only TensorRT can build) or --quant none")
         if args.pair:
             target, draft = pair_sources(args.pair, progress)
         else:

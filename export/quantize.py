@@ -1,7 +1,11 @@
-"""Weight-only quantization with onnxruntime's own tools (MatMulNBits, block-wise).
+"""Weight-only quantization with onnxruntime's own tools, block-wise (block 32, symmetric).
 
-int4 and int8 both become ``com.microsoft.MatMulNBits`` (bits=4 or 8), symmetric,
-block size 32, on every MatMul whose weight is a constant (projections, MLP, lm_head).
+- ``int4`` / ``int8``: every MatMul whose weight is a constant (projections, MLP, lm_head)
+  becomes ``com.microsoft.MatMulNBits`` (bits=4 or 8): onnxruntime's fastest CPU form.
+- ``int4-qdq``: the same weights as standard ONNX ``DequantizeLinear`` (int4, ``block_size``
+  32, opset 21) feeding a plain ``MatMul``. This is the form TensorRT 10.x builds as int4
+  weight-only quantization; onnxruntime runs it too (its CPU optimizer fuses DQ + MatMul back
+  into MatMulNBits).
 Activations, the KV cache and attention stay in the model dtype.
 """
 
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-QUANTS = ("none", "int4", "int8")
+QUANTS = ("none", "int4", "int8", "int4-qdq")
 BLOCK_SIZE = 32
 
 
@@ -49,14 +53,16 @@ def release_freed_memory() -> None:
 
 def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None) -> None:
     import onnx
+    from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    if quant not in ("int4", "int8"):
-        raise ValueError(f"quant {quant!r} is not one of int4, int8")
-    bits = 4 if quant == "int4" else 8
+    if quant not in QUANTS[1:]:
+        raise ValueError(f"quant {quant!r} is not one of {', '.join(QUANTS[1:])}")
+    bits = 8 if quant == "int8" else 4
+    quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
     model = onnx.load(str(src), load_external_data=True)
     config = DefaultWeightOnlyQuantConfig(
-        block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=accuracy_level, bits=bits
+        block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=accuracy_level, bits=bits, quant_format=quant_format
     )
     quantizer = MatMulNBitsQuantizer(
         model, bits=bits, block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=accuracy_level, algo_config=config

@@ -75,7 +75,7 @@ class ModelSpec:
     max_positions: int
     kv_dtype: str  # numpy dtype name of the cache
     dtype: str  # "float32" | "float16" | "bfloat16"
-    quant: str  # "none" | "int4" | "int8"
+    quant: str  # "none" | "int4" | "int8" (MatMulNBits) | "int4-qdq" (DequantizeLinear + MatMul)
     sliding_window: int | None  # window of the sliding layers, None if the model has none
     bos_token_id: int | None
     eos_token_ids: tuple  # of int

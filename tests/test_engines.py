@@ -85,8 +85,9 @@ def test_int4_bundles_are_refused_for_tensorrt_with_a_reason(tiny_bundle):
     from specdec.engines.tensorrt_build import check_engine_ready
 
     spec = dataclasses.replace(Manifest.read(tiny_bundle).target, quant="int4")
-    with pytest.raises(ValueError, match="MatMulNBits.*TensorRT cannot parse"):
+    with pytest.raises(ValueError, match="MatMulNBits.*TensorRT cannot parse.*int4-qdq"):
         check_engine_ready(spec)
+    check_engine_ready(dataclasses.replace(spec, quant="int4-qdq"))  # DequantizeLinear + MatMul: TensorRT's form
 
 
 def test_memory_budget_suggests_a_context_that_fits(tiny_bundle):

@@ -41,18 +41,32 @@ def test_architecture_exports_with_parity(arch, tmp_path):
     assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["format_version"] == 1
 
 
-@pytest.mark.parametrize("quant", ["int4", "int8"])
-def test_weight_only_quantized_bundles_load_and_decode(quant, tiny_pair_dirs, tmp_path):
-    """MatMulNBits bundles: every MatMul weight quantized, parity reported, the runtime decodes exactly."""
+@pytest.mark.parametrize("quant,dtype", [("int4", "float32"), ("int8", "float32"), ("int4-qdq", "float32"),
+                                         ("int4-qdq", "float16")])  # the last: TensorRT's int4 weight-only form
+def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, tiny_pair_dirs, tmp_path):
+    """MatMulNBits / int4 QDQ bundles: every MatMul weight quantized, parity reported, the runtime decodes exactly."""
     from specdec import SpeculativeDecoder
 
     target, draft = tiny_pair_dirs
-    manifest = export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "b", quant=quant),
-                             progress=lambda msg: None)
+    manifest = export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "b", quant=quant,
+                                              dtype=dtype), progress=lambda msg: None)
     assert manifest.target.quant == quant and manifest.draft.quant == quant
-    assert set(manifest.extra["parity_max_abs_error"]["target"]) == {"float", quant}
+    parity = manifest.extra["parity_max_abs_error"]["target"]
+    assert set(parity) == {"float", quant} and isinstance(parity[quant], dict)  # the quantized graph was checked
     graph = (tmp_path / "b" / "target" / "model.onnx").read_bytes()
-    assert b"MatMulNBits" in graph
+    if quant == "int4-qdq":  # standard ops only (what TensorRT parses): blocked int4 DequantizeLinear + MatMul
+        import onnx
+
+        model = onnx.load(str(tmp_path / "b" / "target" / "model.onnx"), load_external_data=False)
+        assert b"MatMulNBits" not in graph
+        assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
+        assert max(o.version for o in model.opset_import) >= 21
+        int4 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT4]
+        dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+        assert dq and len(int4) == len(dq)
+        assert all(a.i == 32 for n in dq for a in n.attribute if a.name == "block_size")
+    else:
+        assert b"MatMulNBits" in graph
     decoder = SpeculativeDecoder.load(tmp_path / "b")
     baseline = decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=0)
     assert decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=3, proposer="draft").token_ids \

@@ -34,6 +34,9 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--peer-transformers", nargs=2, metavar=("TARGET", "DRAFT"),
                        help="also time Hugging Face transformers target-only and assisted generation on this pair "
                             "(local folders or .gguf files; needs torch)")
+    bench.add_argument("--peer-genai", metavar="MODEL_DIR",
+                       help="also time onnxruntime-genai target-only and n-gram speculation on a folder its model "
+                            "builder made from the same target (needs onnxruntime-genai)")
     add_load_args(bench)
 
 
@@ -66,7 +69,9 @@ def load_prompts(path: str, limit: int | None) -> list:
 
 
 def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperature: float, repeat: int,
-              progress=None) -> dict:
+              progress=None, peers: tuple = ()) -> dict:
+    """``peers``: callables item -> runs (other libraries on the same prompt), run right after specdec's
+    modes for each prompt of the first pass, so machine drift hits them alike."""
     from .sampling import SamplingConfig
 
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -92,6 +97,9 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
                              "tokens": result.token_ids, **stats.as_dict()})
                 progress(f"[{done}/{total}] {item['id']} draft={mode}: {stats.tokens_per_s:.1f} tok/s, "
                          f"acceptance {stats.acceptance_rate:.2f}")
+            if rep == 0:
+                for peer in peers:
+                    runs += peer(item)
     return {"costs": {"draft_step": costs.draft_step, "verify": list(costs.verify)},
             "max_new_tokens": max_new_tokens, "temperature": temperature, "repeat": repeat,
             "modes": modes, "runs": runs, "summary": summarize(runs, costs, temperature)}
@@ -190,18 +198,22 @@ def cmd_bench(args) -> int:
 
     prompts = load_prompts(args.prompts, args.limit)
     modes = build_modes(args.draft_tokens, args.proposers, args.trees)
+    if (args.peer_transformers or args.peer_genai) and args.temperature != 0:
+        raise ValueError("peer columns are greedy only: use --temperature 0")
     started = time.perf_counter()
     decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                       threads=args.threads, verify=not args.no_verify)
-    report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat)
-    if args.peer_transformers:
-        from .peers import transformers_runs
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    peers = []
+    if args.peer_genai:
+        from .peers import GenaiPeer
 
-        if args.temperature != 0:
-            raise ValueError("peer columns are greedy only: use --temperature 0")
-        report["runs"] += transformers_runs(*args.peer_transformers, prompts, decoder.codec.encode,
-                                            args.max_new_tokens, lambda m: print(m, file=sys.stderr, flush=True))
-        report["summary"] = summarize(report["runs"], decoder.costs(), args.temperature)
+        peers.append(GenaiPeer(args.peer_genai, decoder.codec.encode, args.max_new_tokens, say, args.threads))
+    if args.peer_transformers:
+        from .peers import TransformersPeer
+
+        peers.append(TransformersPeer(*args.peer_transformers, decoder.codec.encode, args.max_new_tokens, say))
+    report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat, peers=tuple(peers))
     report["command"] = " ".join(sys.argv)
     report["seconds"] = time.perf_counter() - started
     out = Path(args.out)

@@ -1,14 +1,42 @@
-"""Peer columns for ``specdec bench``: Hugging Face transformers on the same pair (when installed).
+"""Peer columns for ``specdec bench``, on the same prompts and token ids (when installed).
 
-Target-only ``generate`` and assisted generation (``assistant_model``, transformers' own
-speculative decoding) in PyTorch, greedy, on the same prompts. Imports torch lazily: the
-runtime itself never needs it.
+- Hugging Face transformers: target-only ``generate`` and assisted generation
+  (``assistant_model``, transformers' own speculative decoding) in PyTorch, greedy. Imports
+  torch lazily: the runtime itself never needs it.
+- onnxruntime-genai: target-only decoding and its n-gram speculation on a model folder its
+  model builder made from the same Hugging Face weights (int4: the same MatMulNBits kernels,
+  plus its fused attention/norm ops), greedy. Runs in this process, so both use the same
+  onnxruntime (genai loads the ``onnxruntime`` package's library).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
+
+
+class TransformersPeer:
+    """Per prompt: runs in the bench's record format, modes "hf:target" and "hf:assisted"."""
+
+    def __init__(self, target_path: str, draft_path: str, encode, max_new_tokens: int, progress):
+        progress("peers: loading the pair in transformers (float32)")
+        self.target, self.draft = _load(target_path), _load(draft_path)
+        self.encode, self.max_new_tokens, self.progress = encode, max_new_tokens, progress
+
+    def __call__(self, item: dict) -> list:
+        import torch
+
+        ids = torch.tensor([self.encode(item["prompt"])])
+        runs = []
+        for mode, extra in (("hf:target", {}), ("hf:assisted", {"assistant_model": self.draft})):
+            begin = time.perf_counter()
+            with torch.no_grad():
+                out = self.target.generate(ids, max_new_tokens=self.max_new_tokens, do_sample=False, **extra)
+            seconds = time.perf_counter() - begin
+            runs.append(_record(item, mode, out[0, ids.shape[1]:].tolist(), seconds, self.progress))
+        return runs
 
 
 def _load(path: str):
@@ -22,24 +50,52 @@ def _load(path: str):
     return model.eval()
 
 
-def transformers_runs(target_path: str, draft_path: str, prompts: list, encode, max_new_tokens: int, progress) -> list:
-    """Runs in the bench's record format, modes "hf:target" and "hf:assisted"."""
-    import torch
+def _record(item: dict, mode: str, tokens: list, seconds: float, progress) -> dict:
+    progress(f"peers: {item['id']} {mode}: {len(tokens) / seconds:.2f} tok/s")
+    return {"prompt": item["id"], "kind": item["kind"], "mode": mode, "repeat": 0, "tokens": tokens,
+            "new_tokens": len(tokens), "decode_seconds": seconds, "proposed": 0, "accepted": 0,
+            "rounds": len(tokens), "target_forwards": 0, "draft_seconds": 0.0, "verify_seconds": seconds,
+            "host_seconds": 0.0}
 
-    progress("peers: loading the pair in transformers (float32)")
-    target, draft = _load(target_path), _load(draft_path)
-    runs = []
-    for item in prompts:
-        ids = torch.tensor([encode(item["prompt"])])
-        for mode, extra in (("hf:target", {}), ("hf:assisted", {"assistant_model": draft})):
+
+GENAI_MODES = {"genai:target": {}, "genai:ngram": {"ngram_size": 3, "max_draft_tokens": 4}}
+
+
+class GenaiPeer:
+    """Per prompt: modes "genai:target" and "genai:ngram" (3-gram lookup, k=4 draft tokens)."""
+
+    def __init__(self, model_dir: str, encode, max_new_tokens: int, progress, threads: int | None = None):
+        try:
+            import onnxruntime  # noqa: F401  (genai loads onnxruntime's library from this package)
+            import onnxruntime_genai as og
+        except ImportError:
+            raise ValueError("--peer-genai needs onnxruntime-genai: pip install onnxruntime-genai") from None
+        if not (Path(model_dir) / "genai_config.json").is_file():
+            raise ValueError(f"{model_dir} has no genai_config.json: give a folder made by onnxruntime-genai's "
+                             "model builder")
+        progress(f"peers: loading {model_dir} in onnxruntime-genai {getattr(og, '__version__', '?')}")
+        config = og.Config(model_dir)
+        # the thread count specdec uses (genai's default left a core idle here: ~9 vs ~16 tok/s)
+        threads = threads or os.cpu_count() or 1
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        self.og, self.model = og, og.Model(config)
+        self.encode, self.max_new_tokens, self.progress = encode, max_new_tokens, progress
+
+    def __call__(self, item: dict) -> list:
+        ids = self.encode(item["prompt"])
+        runs = []
+        for mode, speculative in GENAI_MODES.items():
+            params = self.og.GeneratorParams(self.model)
+            params.set_search_options(do_sample=False, max_length=len(ids) + self.max_new_tokens)
+            if speculative:
+                params.set_speculative_options(**speculative)
+            generator = self.og.Generator(self.model, params)
+            generator.append_tokens(ids)  # the prompt (prefill) is not decode time, as for specdec
+            tokens = []
             begin = time.perf_counter()
-            with torch.no_grad():
-                out = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
+            while not generator.is_done() and len(tokens) < self.max_new_tokens:
+                generator.generate_next_token()
+                tokens.extend(int(t) for t in generator.get_next_tokens())
             seconds = time.perf_counter() - begin
-            tokens = out[0, ids.shape[1]:].tolist()
-            runs.append({"prompt": item["id"], "kind": item["kind"], "mode": mode, "repeat": 0, "tokens": tokens,
-                         "new_tokens": len(tokens), "decode_seconds": seconds, "proposed": 0, "accepted": 0,
-                         "rounds": len(tokens), "target_forwards": 0, "draft_seconds": 0.0, "verify_seconds": seconds,
-                         "host_seconds": 0.0})
-            progress(f"peers: {item['id']} {mode}: {len(tokens) / seconds:.2f} tok/s")
-    return runs
+            runs.append(_record(item, mode, tokens[: self.max_new_tokens], seconds, self.progress))
+        return runs

@@ -60,3 +60,68 @@ def test_bench_writes_json_markdown_and_compares_modes(tiny_bundle, tmp_path):
     assert all_rows["2"]["identical_to_target_only"] == 2  # greedy outputs equal target-only
     assert all_rows["auto"]["identical_to_target_only"] == 2
     assert "| all | draft g=2 |" in (tmp_path / "out" / "bench.md").read_text()
+
+
+class _FakeGenai:
+    """Just enough of onnxruntime_genai's Python API for the bench peer: emits a fixed token sequence."""
+
+    overlays: list = []
+
+    class Config:
+        def __init__(self, folder):
+            self.folder = folder
+
+        def overlay(self, text):
+            _FakeGenai.overlays.append(text)
+
+    class Model:
+        def __init__(self, config):
+            self.config = config
+
+    class GeneratorParams:
+        def __init__(self, model):
+            self.search, self.speculative = {}, {}
+
+        def set_search_options(self, **options):
+            self.search.update(options)
+
+        def set_speculative_options(self, **options):
+            self.speculative.update(options)
+
+    class Generator:
+        def __init__(self, model, params):
+            self.params, self.tokens = params, []
+
+        def append_tokens(self, ids):
+            self.prompt = list(ids)
+
+        def is_done(self):
+            return len(self.prompt) + len(self.tokens) >= self.params.search["max_length"]
+
+        def generate_next_token(self):
+            self.tokens.append(7 + len(self.tokens) % 3)
+
+        def get_next_tokens(self):
+            return [self.tokens[-1]]
+
+
+def test_genai_peer_runs_each_prompt_beside_specdec(tiny_decoder, tmp_path, monkeypatch):
+    from specdec.runtime.bench import run_bench
+    from specdec.runtime.peers import GenaiPeer
+
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", _FakeGenai)
+    with pytest.raises(ValueError, match="no genai_config.json"):
+        GenaiPeer(str(tmp_path), tiny_decoder.codec.encode, 8, lambda m: None)
+    (tmp_path / "genai_config.json").write_text("{}")
+    peer = GenaiPeer(str(tmp_path), tiny_decoder.codec.encode, 8, lambda m: None, threads=2)
+    assert '"intra_op_num_threads": 2' in _FakeGenai.overlays[-1]
+    prompts = [{"id": "a", "kind": "code", "prompt": "def f(x):"}, {"id": "b", "kind": "prose", "prompt": "Once"}]
+    report = run_bench(tiny_decoder, prompts, {"0": {"num_draft_tokens": 0}}, 8, 0.0, repeat=2,
+                       progress=lambda m: None, peers=(peer,))
+    order = [(r["prompt"], r["mode"]) for r in report["runs"]]
+    # interleaved: each prompt's peer runs follow specdec's run of that prompt (first pass only)
+    assert order[:3] == [("a", "0"), ("a", "genai:target"), ("a", "genai:ngram")]
+    assert order[3:6] == [("b", "0"), ("b", "genai:target"), ("b", "genai:ngram")]
+    assert [r["tokens"] for r in report["runs"] if r["mode"] == "genai:target"][0] == [7, 8, 9, 7, 8, 9, 7, 8]
+    rows = {r["mode"]: r for r in report["summary"] if r["kind"] == "all"}
+    assert rows["genai:ngram"]["runs"] == 2 and rows["genai:target"]["identical_to_target_only"] == 0

@@ -103,10 +103,19 @@ class AutoDraftLength:
             return 1
         return 0
 
-    def tokens_per_second(self, gamma: int) -> float:
+    def tokens_per_second(self, gamma: int, extra_seconds: float = 0.0) -> float:
         """Expected emitted tokens per second of a round with ``gamma`` proposals, at the current estimates."""
-        cost = gamma * self.costs.draft_step + self.costs.verify_cost(gamma + 1)
+        cost = gamma * self.costs.draft_step + self.costs.verify_cost(gamma + 1) + extra_seconds
         return expected_tokens_per_round(self.acceptance, gamma) / cost
+
+    def draft_catch_up(self, lag: int) -> float:
+        """Extra seconds of the draft's first pass when it must first read ``lag`` tokens it has not seen
+        (those committed by lookup rounds), beyond the 1-2 tokens of a round after a draft round. The
+        target's relative cost curve stands in for the draft's."""
+        if lag <= 1:
+            return 0.0
+        relative = self.costs.verify_cost(lag + 1) / self.costs.verify_cost(2)
+        return self.costs.draft_step * max(relative - 1.0, 0.0)
 
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
         """Refine the calibrated costs with a pass the request really ran (same machine state, real context)."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from .acceptance import greedy_accept, speculative_accept
 from .cost_model import AutoDraftLength, Costs, calibrate
-from .lookup import lookup_proposal, one_hot_rows
+from .lookup import MAX_NGRAM, lookup_match, one_hot_rows
 from .tree import (AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_WIDTH, ROOT, DraftTree, greedy_tree_accept,
                    allocate_children, parse_tree, pick_children, tree_size, tree_speculative_accept)
 from .bundle import default_hash_cache, inside, open_bundle
@@ -37,6 +37,8 @@ from .text import IncrementalDecoder, TextCodec
 PREFILL_CHUNK = 64  # tokens per prefill pass: bounds the logits buffer at chunk x vocab floats
 MAX_DRAFT_TOKENS = 16
 AUTO_MAX_DRAFT_TOKENS = 8
+# auto lookup: prior acceptance per matched n-gram size (a longer match predicts its continuation better)
+LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
 MAX_TREE_NODES = 62  # one verify pass carries at most PREFILL_CHUNK tokens: the tree plus pending/catch-up
 PROPOSERS = ("draft", "lookup", "hybrid")
 DEFAULT_MAX_CONTEXT = 2048
@@ -337,7 +339,7 @@ class SpeculativeDecoder:
         if plan.tree is not None and budget > 0:
             new, accepted, proposed = self._tree_round(tokens, seen, plan.tree, budget, config, rng, stats)
             return "tree", new, proposed, accepted
-        source, drafts = plan.propose(tokens, budget)
+        source, drafts = plan.propose(tokens, budget, len(tokens) - self.draft.length if plan.uses_draft else 0)
         draft_dists = []
         if source == "draft":
             drafts, draft_dists = self._propose(tokens, seen, len(drafts), config, rng, stats)
@@ -574,48 +576,64 @@ def _cut_at_stop(text: str, stops: tuple) -> str:
 
 
 class _ProposalPlan:
-    """Per request: where each round's proposal comes from and how long it is."""
+    """Per request: where each round's proposal comes from and how long it is.
+
+    Auto lengths: one controller for the draft model and one per matched n-gram size for lookup
+    (a 3-gram match's continuation is accepted far more often than a 1-gram's: one pooled rate
+    would send too few tokens after long matches and too many after short ones). Auto hybrid
+    takes whichever proposal promises more tokens per second this round; the draft's side is
+    charged the catch-up pass over the tokens lookup rounds committed since the draft last ran.
+    """
 
     def __init__(self, decoder: SpeculativeDecoder, request: _Request):
         self.request = request
-        auto = request.num_draft_tokens == "auto"
+        self.auto = request.num_draft_tokens == "auto"
         self.uses_draft = decoder.draft is not None and request.proposer in ("draft", "hybrid") and (
-            auto or request.num_draft_tokens > 0 or request.tree is not None
+            self.auto or request.num_draft_tokens > 0 or request.tree is not None
         )
         self.uses_lookup = request.proposer in ("lookup", "hybrid")
         self.tree = request.tree
-        self.model_auto = self.lookup_auto = None
-        if auto and (self.uses_draft or self.uses_lookup):
+        self.model_auto = None
+        self.lookup_autos: dict = {}
+        self.lookup_size = 0  # n-gram size of the latest lookup proposal
+        if self.auto and (self.uses_draft or self.uses_lookup):
             costs = decoder._measured_costs()
             if self.uses_draft:
                 self.model_auto = AutoDraftLength(costs, max_gamma=AUTO_MAX_DRAFT_TOKENS)
             if self.uses_lookup:
                 # a lookup proposal costs nothing to make: only the verify pass grows with its length
-                self.lookup_auto = AutoDraftLength(Costs(0.0, costs.verify), max_gamma=AUTO_MAX_DRAFT_TOKENS)
+                self.lookup_autos = {
+                    size: AutoDraftLength(Costs(0.0, costs.verify), max_gamma=AUTO_MAX_DRAFT_TOKENS,
+                                          prior_acceptance=LOOKUP_PRIOR_ACCEPTANCE[size])
+                    for size in range(1, MAX_NGRAM + 1)
+                }
         self.history = np.zeros(decoder.max_context, dtype=np.int64)
+        self.filled = 0
 
-    def _length(self, controller) -> int:
-        if self.request.num_draft_tokens == "auto":
-            return controller.choose() if controller is not None else 0
-        return self.request.num_draft_tokens
+    def propose(self, tokens: list, budget: int, draft_lag: int = 0) -> tuple[str, list]:
+        """("draft", [None] * gamma) asks the draft model for gamma tokens; ("lookup", ids); ("none", []).
 
-    def propose(self, tokens: list, budget: int) -> tuple[str, list]:
-        """("draft", [None] * gamma) asks the draft model for gamma tokens; ("lookup", ids); ("none", [])."""
+        ``draft_lag``: committed tokens the draft model has not read yet."""
         if budget <= 0:
             return "none", []
         found = []
         if self.uses_lookup:
-            length = min(self._length(self.lookup_auto), budget)
-            if length > 0:
-                self.history[: len(tokens)] = tokens
-                # fixed-length hybrid trusts only 2-gram matches over the draft; auto weighs them (below)
-                min_ngram = 2 if self.uses_draft and self.lookup_auto is None else 1
-                found = lookup_proposal(self.history[: len(tokens)], length, min_ngram=min_ngram)
-        gamma = min(self._length(self.model_auto), budget) if self.uses_draft else 0
-        if found and gamma and self.lookup_auto is not None and self.model_auto is not None:
-            # auto hybrid: take whichever proposal promises more tokens per second of this round
-            lookup_rate = self.lookup_auto.tokens_per_second(len(found))
-            if self.model_auto.tokens_per_second(gamma) > lookup_rate:
+            limit = min(AUTO_MAX_DRAFT_TOKENS if self.auto else self.request.num_draft_tokens, budget)
+            if limit > 0:
+                self.history[self.filled : len(tokens)] = tokens[self.filled :]  # tokens only grow: copy the new tail
+                self.filled = len(tokens)
+                # fixed-length hybrid trusts only 2-gram matches over the draft; auto weighs every match (below)
+                min_ngram = 2 if self.uses_draft and not self.auto else 1
+                found, self.lookup_size = lookup_match(self.history[: len(tokens)], limit, min_ngram=min_ngram)
+                if found and self.auto:
+                    found = found[: self.lookup_autos[self.lookup_size].choose()]
+        gamma = 0
+        if self.uses_draft:
+            gamma = min(self.model_auto.choose() if self.auto else self.request.num_draft_tokens, budget)
+        if found and gamma and self.auto:
+            lookup_rate = self.lookup_autos[self.lookup_size].tokens_per_second(len(found))
+            catch_up = self.model_auto.draft_catch_up(draft_lag)
+            if self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > lookup_rate:
                 return "draft", [None] * gamma
             return "lookup", found
         if found:
@@ -627,10 +645,11 @@ class _ProposalPlan:
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
         if self.model_auto is not None:
             self.model_auto.observe_pass(role, tokens, seconds)
-        if self.lookup_auto is not None and role == "target":
-            self.lookup_auto.observe_pass(role, tokens, seconds)
+        if role == "target":
+            for controller in self.lookup_autos.values():
+                controller.observe_pass(role, tokens, seconds)
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
-        controller = {"draft": self.model_auto, "lookup": self.lookup_auto}.get(source)
-        if controller is not None:
+        controller = self.model_auto if source == "draft" else self.lookup_autos.get(self.lookup_size)
+        if source in ("draft", "lookup") and controller is not None:
             controller.observe(proposed, accepted)

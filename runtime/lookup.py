@@ -12,16 +12,29 @@ from __future__ import annotations
 import numpy as np
 
 
+MAX_NGRAM = 3
+
+
 def lookup_proposal(
     tokens: np.ndarray,  # [N] int64: the committed sequence (prompt + output)
     max_tokens: int,
-    max_ngram: int = 3,
+    max_ngram: int = MAX_NGRAM,
     min_ngram: int = 1,
 ) -> list[int]:
     """Up to ``max_tokens`` ids that followed the most recent earlier match of the longest suffix n-gram."""
+    return lookup_match(tokens, max_tokens, max_ngram, min_ngram)[0]
+
+
+def lookup_match(
+    tokens: np.ndarray,  # [N] int64: the committed sequence (prompt + output)
+    max_tokens: int,
+    max_ngram: int = MAX_NGRAM,
+    min_ngram: int = 1,
+) -> tuple[list[int], int]:
+    """(proposal, n-gram size it matched; 0 when none). A longer match predicts its continuation better."""
     length = len(tokens)
     if max_tokens <= 0 or length < 2:
-        return []
+        return [], 0
     for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = tokens[length - size :]
         # candidate starts of earlier occurrences (the suffix itself, at length - size, is excluded)
@@ -30,8 +43,8 @@ def lookup_proposal(
         matches = matches[matches < length - size]
         if len(matches):
             start = int(matches[-1]) + size
-            return [int(t) for t in tokens[start : start + max_tokens]]
-    return []
+            return [int(t) for t in tokens[start : start + max_tokens]], size
+    return [], 0
 
 
 def one_hot_rows(tokens: list[int], vocab: int) -> np.ndarray:

@@ -59,3 +59,11 @@ def test_auto_mode_is_greedy_exact(tiny_decoder):
     result = tiny_decoder.generate(prompt, max_new_tokens=40, num_draft_tokens="auto")
     assert result.token_ids == baseline.token_ids
     assert len(tiny_decoder.costs().verify) == 9
+
+
+def test_draft_catch_up_charges_the_tokens_the_draft_has_not_read():
+    auto = AutoDraftLength(GENAI)
+    assert auto.draft_catch_up(0) == auto.draft_catch_up(1) == 0.0
+    # 5 unread tokens: the first draft pass reads 6 instead of ~2 (relative cost 2.18 / 1.13 per the curve)
+    assert auto.draft_catch_up(5) == pytest.approx(0.37 * (2.18 / 1.13 - 1.0))
+    assert auto.tokens_per_second(2, extra_seconds=auto.draft_catch_up(5)) < auto.tokens_per_second(2)

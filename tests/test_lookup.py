@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from specdec.runtime.acceptance import speculative_accept
-from specdec.runtime.lookup import lookup_proposal, one_hot_rows
+from specdec.runtime.lookup import lookup_match, lookup_proposal, one_hot_rows
 
 
 @pytest.mark.parametrize(
@@ -18,6 +18,13 @@ from specdec.runtime.lookup import lookup_proposal, one_hot_rows
 )
 def test_lookup_proposal_table(tokens, expected):
     assert lookup_proposal(np.array(tokens), max_tokens=3) == expected
+
+
+def test_lookup_match_reports_the_matched_ngram_size():
+    assert lookup_match(np.array([1, 2, 3, 9, 1, 2, 3]), 2) == ([9, 1], 3)
+    assert lookup_match(np.array([7, 2, 3, 9, 1, 2, 3]), 2) == ([9, 1], 2)
+    assert lookup_match(np.array([7, 8, 3, 9, 1, 2, 3]), 2) == ([9, 1], 1)
+    assert lookup_match(np.array([7, 8, 3, 9, 1, 2, 3]), 2, min_ngram=2) == ([], 0)
 
 
 def test_one_hot_draft_accepts_with_target_probability():

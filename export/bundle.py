@@ -26,7 +26,7 @@ from specdec.runtime.bundle import sha256_file
 from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 
 from .compat import check_specs, check_tokenizers, special_token_ids
-from .quantize import QUANTS, quantize_onnx
+from .quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, quantize_onnx
 from .sources import DTYPES, ModelSource, SourceError, load_model, load_tokenizer, resolve_source
 
 PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
@@ -44,6 +44,8 @@ class ExportOptions:
     # MatMulNBits accuracy_level: 4 = int8 activations (the fast CPU kernels; a verify pass over
     # 5 tokens then costs ~1.5x one token instead of ~2.6x with 0 = float32 compute)
     accuracy_level: int | None = 4
+    block_size: int = BLOCK_SIZE  # weights per quantization scale, target
+    draft_block_size: int = DRAFT_BLOCK_SIZE  # and draft (coarser: a faster draft at the same acceptance)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -56,6 +58,9 @@ class ExportOptions:
             raise ValueError("--quant int4-qdq applies to a float32 or float16 export")
         if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
+        for flag, size in (("--block-size", self.block_size), ("--draft-block-size", self.draft_block_size)):
+            if size not in BLOCK_SIZES:
+                raise ValueError(f"{flag} {size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
 
 
 def rss_gib() -> tuple[float, float]:
@@ -152,8 +157,10 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
         _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
     )
     if options.quant != "none":
-        progress(f"{role}: quantizing weights to {options.quant}")
-        quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level)
+        block = options.draft_block_size if role == "draft" else options.block_size
+        progress(f"{role}: quantizing weights to {options.quant} (block {block})")
+        quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level,
+                      block_size=block)
         shutil.rmtree(float_dir)
         spec = replace(spec, quant=options.quant)
         if references is not None:
@@ -232,7 +239,9 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
             tokenizer_file="tokenizer/tokenizer.json",
             files=hash_tree(staging),
             tools=tool_versions(),
-            extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1)},
+            extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),
+                   **({"quant_block_size": {role: options.draft_block_size if role == "draft" else options.block_size
+                                            for role in specs}} if options.quant != "none" else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
         _swap_into_place(staging, out)

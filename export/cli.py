@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "int4-qdq = standard DequantizeLinear+MatMul (TensorRT int4 weight-only; onnxruntime runs it too)")
     parser.add_argument("--accuracy-level", type=int, default=4,
                         help="MatMulNBits accuracy_level 0..4 (default 4: int8 activations, fastest on CPU)")
+    parser.add_argument("--block-size", type=int, default=None, help="target: weights per quantization scale (default 32)")
+    parser.add_argument("--draft-block-size", type=int, default=None,
+                        help="draft: weights per quantization scale (default 128: a faster draft; its accuracy "
+                             "only moves the acceptance rate, never the output)")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
     return parser
 
@@ -58,6 +62,8 @@ def main(argv=None) -> int:
         options = ExportOptions(
             target=str(target), draft=str(draft) if draft else None, out=args.out, dtype=args.dtype,
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level,
+            **{name: value for name, value in (("block_size", args.block_size),
+                                               ("draft_block_size", args.draft_block_size)) if value is not None},
         )
         manifest = export_bundle(options, progress)
         if args.engine == "tensorrt":

@@ -53,6 +53,13 @@ def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, tiny_pair_d
     assert manifest.target.quant == quant and manifest.draft.quant == quant
     parity = manifest.extra["parity_max_abs_error"]["target"]
     assert set(parity) == {"float", quant} and isinstance(parity[quant], dict)  # the quantized graph was checked
+    assert manifest.extra["quant_block_size"] == {"target": 32, "draft": 128}
+    import onnx
+
+    for role, block in (("target", 32), ("draft", 128)):
+        graph_nodes = onnx.load(str(tmp_path / "b" / role / "model.onnx"), load_external_data=False).graph.node
+        sizes = {a.i for n in graph_nodes for a in n.attribute if a.name == "block_size"}
+        assert sizes == {block}, (role, sizes)
     graph = (tmp_path / "b" / "target" / "model.onnx").read_bytes()
     if quant == "int4-qdq":  # standard ops only (what TensorRT parses): blocked int4 DequantizeLinear + MatMul
         import onnx
@@ -64,7 +71,6 @@ def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, tiny_pair_d
         int4 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT4]
         dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
         assert dq and len(int4) == len(dq)
-        assert all(a.i == 32 for n in dq for a in n.attribute if a.name == "block_size")
     else:
         assert b"MatMulNBits" in graph
     decoder = SpeculativeDecoder.load(tmp_path / "b")

@@ -4,6 +4,7 @@
 
 1. a tiny pair: export (float16), build TensorRT engines, compare logits of ORT-CPU, ORT-CUDA and
    TensorRT on one prefill + verify, and greedy outputs of every backend vs target-only on CPU;
+   the same for a float16 int4-qdq bundle (TensorRT's int4 weight-only form);
 2. the real pair (unless --tiny-only; needs the [pair] extra): float16 bundle + engines, then a
    speed table: target-only vs speculative on ORT-CUDA and native TensorRT.
 Budget: about 8 minutes on a data-centre GPU. Prints a Markdown table at the end.
@@ -23,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 PROMPT = "def quicksort(items):\n    "
 
 
-def export(target, draft, out, dtype):
+def export(target, draft, out, dtype, quant="none"):
     from specdec.export.bundle import ExportOptions, export_bundle
 
-    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, dtype=dtype, parity=False))
+    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, dtype=dtype, quant=quant, parity=False))
 
 
 def build(bundle):
@@ -86,6 +87,14 @@ def main() -> int:
     baseline = outputs[("cpu", 0)]
     mismatches = [key for key, ids in outputs.items() if ids != baseline]
     print("tiny greedy outputs identical to CPU target-only:", not mismatches, mismatches)
+    # int4 weight-only for TensorRT: DequantizeLinear(int4, block 32) + MatMul, float16 activations
+    export(target, draft, work / "tiny-int4", "float16", quant="int4-qdq")
+    build(work / "tiny-int4")
+    _, int4_outputs = speeds(work / "tiny-int4", providers, 64)
+    int4_baseline = int4_outputs[("cpu", 0)]
+    int4_mismatches = [key for key, ids in int4_outputs.items() if ids != int4_baseline]
+    print("tiny int4-qdq greedy outputs identical to its CPU target-only:", not int4_mismatches, int4_mismatches)
+    mismatches += int4_mismatches
     if not args.tiny_only:
         from specdec.export.pair import DEFAULT_PAIR, pair_sources
 

@@ -33,6 +33,8 @@ class ArchSpec:
     position_embed: str | None = None  # learned absolute positions (GPT-2), relative to body
     rope: bool = True
     sliding_all_layers_from_config: bool = False  # Mistral: config.sliding_window applies to every layer
+    # RMSNorm scale = offset + weight (Gemma: 1 + weight); None = the norms are not RMSNorm (call the module)
+    rms_norm_offset: float | None = 0.0
 
 
 _LLAMA = ArchSpec(
@@ -47,7 +49,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mistral": ArchSpec(**{**_LLAMA.__dict__, "sliding_all_layers_from_config": True}),
     "phi3": ArchSpec(**{**_LLAMA.__dict__, "qkv": ("qkv_proj",), "mlp_gate_up": ("gate_up_proj",),
                         "mlp_act": "activation_fn"}),
-    "gemma": _LLAMA,  # Gemma's sqrt(hidden) embedding scale lives inside its embedding module
+    # Gemma's sqrt(hidden) embedding scale lives inside its embedding module
+    "gemma": ArchSpec(**{**_LLAMA.__dict__, "rms_norm_offset": 1.0}),
     "gemma3_text": ArchSpec(
         **{
             **_LLAMA.__dict__,
@@ -55,12 +58,13 @@ ARCHITECTURES: dict[str, ArchSpec] = {
             "post_attn_norm": "post_attention_layernorm",
             "pre_mlp_norm": "pre_feedforward_layernorm",
             "post_mlp_norm": "post_feedforward_layernorm",
+            "rms_norm_offset": 1.0,
         }
     ),
     "gpt2": ArchSpec(
         body="transformer", layers="h", embed="wte", final_norm="ln_f", attn="attn", mlp="mlp",
         input_norm="ln_1", pre_mlp_norm="ln_2", qkv=("c_attn",), out_proj="c_proj",
-        position_embed="wpe", rope=False, mlp_gate_up=None,
+        position_embed="wpe", rope=False, mlp_gate_up=None, rms_norm_offset=None,
     ),
 }
 

@@ -138,6 +138,13 @@ class ExportableLM(nn.Module):
         gate, up = self.fused_gate_up[index](x).chunk(2, dim=-1)
         return getattr(mlp, self.arch.mlp_down)(getattr(mlp, self.arch.mlp_act)(gate) * up)
 
+    def _norm(self, module: nn.Module, x):
+        """The architecture's RMSNorm in the form onnxruntime fuses (see ``rms_norm``); other norms as they are."""
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if self.arch.rms_norm_offset is None or eps is None:
+            return module(x)
+        return rms_norm(x, module.weight, float(eps), self.arch.rms_norm_offset)
+
     def _attention(self, index: int, layer: nn.Module, x, rope, mask, past_k, past_v):
         batch, new = x.shape[0], x.shape[1]
         attn = getattr(layer, self.arch.attn)
@@ -146,8 +153,8 @@ class ExportableLM(nn.Module):
         k = k.view(batch, new, self.num_kv_heads, self.head_dim)
         v = v.view(batch, new, self.num_kv_heads, self.head_dim)
         if self.arch.qk_norm:
-            q = getattr(attn, self.arch.qk_norm[0])(q)
-            k = getattr(attn, self.arch.qk_norm[1])(k)
+            q = self._norm(getattr(attn, self.arch.qk_norm[0]), q)
+            k = self._norm(getattr(attn, self.arch.qk_norm[1]), k)
         if rope is not None:
             cos, sin = rope  # [B, T, rot_dim]
             cos, sin = cos[:, :, None, :], sin[:, :, None, :]
@@ -191,20 +198,34 @@ class ExportableLM(nn.Module):
             lt = self.layer_types[index]
             mask = sliding_mask if lt == SLIDING else attention_mask
             residual = hidden
-            x = getattr(layer, self.arch.input_norm)(hidden)
+            x = self._norm(getattr(layer, self.arch.input_norm), hidden)
             x, new_k, new_v = self._attention(
                 index, layer, x, ropes.get(lt), mask, past[2 * index], past[2 * index + 1]
             )
             if self.arch.post_attn_norm:
-                x = getattr(layer, self.arch.post_attn_norm)(x)
+                x = self._norm(getattr(layer, self.arch.post_attn_norm), x)
             hidden = residual + x
             residual = hidden
-            x = self._mlp(index, layer, getattr(layer, self.arch.pre_mlp_norm)(hidden))
+            x = self._mlp(index, layer, self._norm(getattr(layer, self.arch.pre_mlp_norm), hidden))
             if self.arch.post_mlp_norm:
-                x = getattr(layer, self.arch.post_mlp_norm)(x)
+                x = self._norm(getattr(layer, self.arch.post_mlp_norm), x)
             hidden = residual + x
             new_kv += [new_k, new_v]
-        logits = self.lm_head(self.final_norm(hidden)).float()
+        logits = self.lm_head(self._norm(self.final_norm, hidden)).float()
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return (logits, *new_kv)
+
+
+def rms_norm(x, weight, eps: float, offset: float):
+    """x / sqrt(mean(x^2) + eps) * (offset + weight), normalized in float32 like Hugging Face's RMSNorms.
+
+    Hugging Face writes ``x * rsqrt(...)``, which exports as Sqrt + Reciprocal + Mul and stays 7
+    separate nodes in onnxruntime. The Div form is the pattern onnxruntime's optimizer fuses into
+    one SimplifiedLayerNormalization (57 norms in the 1.5B target: ~340 fewer kernel launches per pass).
+    """
+    x32 = x.float()
+    normed = x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if offset == 0.0:  # Llama/Qwen/Mistral/Phi-3: the weight scales the normalized value cast back
+        return weight * normed.to(x.dtype)
+    return (normed * (offset + weight.float())).to(x.dtype)  # Gemma: (1 + weight), in float32

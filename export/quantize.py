@@ -2,8 +2,8 @@
 
 - ``int4`` / ``int8``: every MatMul whose weight is a constant (projections, MLP, lm_head)
   becomes ``com.microsoft.MatMulNBits`` (bits=4 or 8): onnxruntime's fastest CPU form.
-- ``int4-qdq``: the same weights as standard ONNX ``DequantizeLinear`` (int4, ``block_size``
-  32, opset 21) feeding a plain ``MatMul``. This is the form TensorRT 10.x builds as int4
+- ``int4-qdq``: the same weights as standard ONNX ``DequantizeLinear`` (int4, blocked:
+  ``block_size`` attribute, opset 21) feeding a plain ``MatMul``: the form TensorRT 10.x builds as int4
   weight-only quantization; onnxruntime runs it too (its CPU optimizer fuses DQ + MatMul back
   into MatMulNBits).
 Activations, the KV cache and attention stay in the model dtype.

@@ -62,6 +62,9 @@ class ExportOptions:
             if size not in BLOCK_SIZES:
                 raise ValueError(f"{flag} {size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
 
+    def block_size_for(self, role: str) -> int:
+        return self.draft_block_size if role == "draft" else self.block_size
+
 
 def rss_gib() -> tuple[float, float]:
     """(current, peak) resident memory of this process in GiB, from /proc (0 where unknown)."""
@@ -157,7 +160,7 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
         _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
     )
     if options.quant != "none":
-        block = options.draft_block_size if role == "draft" else options.block_size
+        block = options.block_size_for(role)
         progress(f"{role}: quantizing weights to {options.quant} (block {block})")
         quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level,
                       block_size=block)
@@ -240,8 +243,8 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
             files=hash_tree(staging),
             tools=tool_versions(),
             extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),
-                   **({"quant_block_size": {role: options.draft_block_size if role == "draft" else options.block_size
-                                            for role in specs}} if options.quant != "none" else {})},
+                   **({"quant_block_size": {role: options.block_size_for(role) for role in specs}}
+                      if options.quant != "none" else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
         _swap_into_place(staging, out)

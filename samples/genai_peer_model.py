@@ -21,21 +21,19 @@ def main() -> int:
     parser.add_argument("--role", choices=["target", "draft"], default="target")
     args = parser.parse_args()
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from specdec.export.pair import DEFAULT_PAIR, pair_sources
+    from specdec.export.sources import load_model, load_tokenizer, resolve_source
 
     target, draft = pair_sources(DEFAULT_PAIR)
-    gguf = Path(target if args.role == "target" else draft)
+    source = resolve_source(str(target if args.role == "target" else draft))
     with tempfile.TemporaryDirectory() as work:
         hf = Path(work) / "hf"
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = load_model(source, "float32")
         model.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained otherwise (see models.md)
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(hf)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(hf)
+        load_tokenizer(source).save_pretrained(hf)
         del model
         return subprocess.call([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf),
                                 "-o", args.out, "-p", "int4", "-e", "cpu", "-c", str(Path(work) / "cache")])

@@ -115,6 +115,7 @@ class _Request:
     stop: tuple = field(default_factory=tuple)
     proposer: str = "draft"
     tree: tuple | str | None = None  # branching factors per depth, "auto", or None (a chain)
+    stop_token_ids: frozenset = frozenset()  # e.g. a chat template's end-of-turn token: ends like EOS
 
 
 class SpeculativeDecoder:
@@ -131,6 +132,14 @@ class SpeculativeDecoder:
         self._busy = threading.Lock()
         self._costs: Costs | None = None
         self._plan = None  # the running request's proposal plan (sees every pass's cost)
+
+    def fork(self) -> "SpeculativeDecoder":
+        """A decoder for another thread: shares this one's onnxruntime sessions (weights loaded once),
+        tokenizer and measured costs; owns new KV caches and IO bindings (N workers cost N caches)."""
+        clone = SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
+                                   self.draft.fork() if self.draft is not None else None, self.codec)
+        clone._costs = self._costs
+        return clone
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
@@ -170,7 +179,7 @@ class SpeculativeDecoder:
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-                 proposer: str | None = None, tree=None) -> GenerationResult:
+                 proposer: str | None = None, tree=None, stop_token_ids: Sequence[int] = ()) -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
 
         num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
@@ -181,7 +190,8 @@ class SpeculativeDecoder:
         tree: None (a chain of drafts), branching factors per depth such as "4,2,2,1" or (2, 2, 1), or "auto"
         (a dynamic tree grown from the draft's confidence within a node budget); verified in one target pass.
         """
-        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
+                                stop_token_ids)
         with self._exclusive():
             stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
             output: list[int] = []
@@ -195,9 +205,11 @@ class SpeculativeDecoder:
 
     def stream(self, prompt, max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                num_draft_tokens: int | str = "auto", seed: int | None = 0, stop: Sequence[str] = (),
-               proposer: str | None = None, tree=None, stats: GenerationStats | None = None) -> Iterator[str]:
+               proposer: str | None = None, tree=None, stats: GenerationStats | None = None,
+               stop_token_ids: Sequence[int] = ()) -> Iterator[str]:
         """Yield text pieces as rounds complete; the same tokens as ``generate`` with the same arguments."""
-        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
+        request = self._request(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
+                                stop_token_ids)
         stats = stats if stats is not None else GenerationStats()
         stats.prompt_tokens = len(request.prompt_ids)
         with self._exclusive():
@@ -216,7 +228,8 @@ class SpeculativeDecoder:
                 yield tail
 
     # ----------------------------------------------------------------- validation
-    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree=None) -> _Request:
+    def _request(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree=None,
+                 stop_token_ids=()) -> _Request:
         if isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("prompt is empty: give some text or token ids")
@@ -267,7 +280,12 @@ class SpeculativeDecoder:
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         if any(not s for s in stop):
             raise GenerationError("stop strings must be non-empty")
-        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)
+        vocab = self.manifest.target.vocab_size
+        stop_ids = frozenset(int(t) for t in stop_token_ids)
+        if any(not 0 <= t < vocab for t in stop_ids):
+            raise GenerationError(f"stop_token_ids must be in 0..{vocab - 1}")
+        return _Request(tuple(prompt_ids), max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
+                        stop_ids)
 
     def _exclusive(self):
         decoder = self
@@ -310,8 +328,8 @@ class SpeculativeDecoder:
                 plan.observe(source, proposed, accepted)
                 finish = ""
                 for index, token in enumerate(new):
-                    if token in self.eos_ids:
-                        new, finish = new[: index + 1], "eos"
+                    if token in self.eos_ids or token in request.stop_token_ids:
+                        new, finish = new[: index + 1], "eos" if token in self.eos_ids else "stop"
                         break
                 if request.stop:
                     new, stopped = self._stop_check(tokens[len(request.prompt_ids):], new, request.stop)

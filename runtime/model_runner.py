@@ -86,14 +86,16 @@ def _session(onnx_path: str, providers: list, threads: int | None):
 
 class ModelRunner:
     def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
-                 threads: int | None = None):
-        import onnxruntime as ort
-
+                 threads: int | None = None, session=None):
         if spec.kv_dtype not in _NUMPY_KV:
             raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} has no numpy buffer on this runtime (use float32/float16)")
         self.spec = spec
-        self.session = _session(onnx_path, providers_for(provider), threads)
-        self._check_contract()
+        self.provider = provider
+        if session is None:
+            session = _session(onnx_path, providers_for(provider), threads)
+            self.session = session
+            self._check_contract()
+        self.session = session
         self.max_context = max_context
         self.max_step_tokens = max_step_tokens
         kv_dtype = _NUMPY_KV[spec.kv_dtype]
@@ -130,6 +132,11 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.length = 0
+
+    def fork(self) -> "ModelRunner":
+        """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
+        buffers and IO binding: one per concurrent request. onnxruntime's ``run`` is thread-safe."""
+        return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session)
 
     def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
         """Run T new tokens after the valid past; returns a view of the logits [T, V] (valid until the next call).

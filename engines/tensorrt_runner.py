@@ -13,21 +13,21 @@ import numpy as np
 
 from specdec.runtime.kv_store import DeviceKV
 from specdec.runtime.manifest import ModelSpec
-from specdec.runtime.masks import ancestor_matrix, chain_parents, fill_masks
+from specdec.runtime.runner import Runner
 
 from .cuda_memory import DeviceBuffer, new_stream, synchronize
 from .profiles import ProfileLimits, build_profiles, profile_for
 
 
-class TensorRTRunner:
+class TensorRTRunner(Runner):
+    """Masks, lengths and compaction come from the shared ``Runner``; this class binds device buffers and runs."""
+
     def __init__(self, engine_path: str, spec: ModelSpec, limits: ProfileLimits, max_context: int):
         import tensorrt as trt
 
         if max_context > limits.max_context:
             raise ValueError(f"max_context {max_context} exceeds the engine's profiles ({limits.max_context})")
-        self.spec = spec
-        self.max_context = max_context
-        self.max_step_tokens = limits.max_prefill
+        self._init_book(spec, max_context, limits.max_prefill)
         logger = trt.Logger(trt.Logger.WARNING)
         with open(engine_path, "rb") as handle:  # hash already verified by specdec.engines.records
             self.engine = trt.Runtime(logger).deserialize_cuda_engine(handle.read())
@@ -43,48 +43,27 @@ class TensorRTRunner:
         steps = self.max_step_tokens
         self._ids = DeviceBuffer(steps * 8)
         self._positions = DeviceBuffer(steps * 8)
-        self._mask = DeviceBuffer(steps * max_context)
-        self._sliding = DeviceBuffer(steps * max_context) if spec.has_sliding_mask else None
+        self._device_mask = DeviceBuffer(steps * max_context)
+        self._device_sliding = DeviceBuffer(steps * max_context) if spec.has_sliding_mask else None
         self._logits = DeviceBuffer(steps * spec.vocab_size * 4)
         self._host_logits = np.zeros(steps * spec.vocab_size, dtype=np.float32)
-        self._host_mask = np.zeros(steps * max_context, dtype=bool)
-        self._host_sliding = np.zeros_like(self._host_mask) if spec.has_sliding_mask else None
-        self.slot_positions = np.zeros(max_context, dtype=np.int64)
-        self.length = 0
-        self.forward_count = 0
 
-    def reset(self) -> None:
-        self.length = 0
-
-    def commit(self, count: int) -> None:
-        self.length += count
-
-    def move_rows(self, sources, first_slot: int) -> None:
+    def _move_kv(self, sources, first_slot: int) -> None:
         self.kv.move_rows(sources, first_slot)
-        for offset, slot in enumerate(sources):
-            self.slot_positions[first_slot + offset] = self.slot_positions[slot]
 
-    def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
-        spec, count, past = self.spec, len(tokens), self.length
+    def _run(self, ids, pos, mask, sliding, past) -> np.ndarray:
+        spec, count = self.spec, len(ids)
         total = past + count
-        if past + count > self.max_context:
-            raise ValueError(f"context of {total} tokens exceeds max_context {self.max_context}")
         context = self.contexts[profile_for(self.profiles, count)]
-        ids = np.asarray(tokens, dtype=np.int64)
-        pos = np.asarray(positions, dtype=np.int64)
-        mask = self._host_mask[: count * total].reshape(count, total)
-        sliding = None if self._host_sliding is None else self._host_sliding[: count * total].reshape(count, total)
-        visible = ancestor_matrix(np.asarray(parents)) if parents is not None else ancestor_matrix(chain_parents(count))
-        fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, spec.sliding_window, visible_past)
         self._ids.upload(0, ids, self.stream)
         self._positions.upload(0, pos, self.stream)
-        self._mask.upload(0, mask, self.stream)
+        self._device_mask.upload(0, np.ascontiguousarray(mask), self.stream)
         addresses = {"input_ids": (self._ids.ptr, (1, count)), "position_ids": (self._positions.ptr, (1, count)),
-                     "attention_mask": (self._mask.ptr, (1, count, total)),
+                     "attention_mask": (self._device_mask.ptr, (1, count, total)),
                      "logits": (self._logits.ptr, None)}
         if sliding is not None:
-            self._sliding.upload(0, sliding, self.stream)
-            addresses["sliding_attention_mask"] = (self._sliding.ptr, (1, count, total))
+            self._device_sliding.upload(0, np.ascontiguousarray(sliding), self.stream)
+            addresses["sliding_attention_mask"] = (self._device_sliding.ptr, (1, count, total))
         for layer, names in enumerate(spec.kv):
             for kind, (past_name, new_name) in enumerate(((names.past_key, names.new_key),
                                                           (names.past_value, names.new_value))):
@@ -99,6 +78,4 @@ class TensorRTRunner:
         logits = self._host_logits[: count * spec.vocab_size]
         self._logits.download(0, logits, self.stream)
         synchronize(self.stream)
-        self.slot_positions[past:total] = pos
-        self.forward_count += 1
         return logits.reshape(count, spec.vocab_size)

@@ -18,6 +18,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--acceptance", default="coupled", choices=["coupled", "rejection"],
+                        help="sampled proposals: coupled (seeded output = target-only's, the default) or rejection "
+                             "(modified rejection sampling)")
 
 
 def add_load_args(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +75,7 @@ def cmd_generate(args) -> int:
 
     decoder = _load(args)
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=_sampling(args), num_draft_tokens=args.draft_tokens,
-                  seed=args.seed, proposer=args.proposer, tree=args.tree)
+                  seed=args.seed, proposer=args.proposer, tree=args.tree, acceptance=args.acceptance)
     if args.stream:
         stats = GenerationStats()
         for piece in decoder.stream(args.prompt, stats=stats, **kwargs):

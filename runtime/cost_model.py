@@ -134,30 +134,41 @@ class AutoDraftLength:
         self.rejected = self.rejected * self.decay + (1.0 if accepted < proposed else 0.0)
 
 
-def time_passes(runner, tokens: int, context: int, repeats: int) -> float:
-    """Median seconds of ``repeats`` forward passes of ``tokens`` new tokens after ``context`` cached slots."""
-    saved = runner.length
-    runner.length = context
-    runner.slot_positions[:context] = np.arange(context)
+def fill_context(runner, context: int) -> None:
+    """Reset the runner and give it ``context`` committed slots (token 0), through its own passes."""
+    runner.reset()
+    while runner.length < context:
+        count = min(runner.max_step_tokens, context - runner.length)
+        runner.forward([0] * count, range(runner.length, runner.length + count))
+        runner.commit(count)
+
+
+def time_passes(runner, tokens: int, repeats: int) -> float:
+    """Median seconds of ``repeats`` passes of ``tokens`` new tokens after the runner's committed slots
+    (nothing is committed: every pass overwrites the same rows)."""
     ids = [0] * tokens
-    try:
-        times = []
-        for _ in range(repeats):
-            begin = time.perf_counter()
-            runner.forward(ids, range(context, context + tokens))
-            times.append(time.perf_counter() - begin)
-    finally:
-        runner.length = saved
+    start = runner.length
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        runner.forward(ids, range(start, start + tokens))
+        times.append(time.perf_counter() - begin)
     return float(np.median(times))
 
 
 def calibrate(target, draft, max_tokens: int = 9, context: int = 256, repeats: int = 3) -> Costs:
-    """Measure this machine's costs on the loaded runners (draft may be None)."""
+    """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens."""
     context = min(context, target.max_context - max_tokens - 1)
-    time_passes(target, 1, context, 1)  # warm-up (first runs allocate)
-    verify = tuple(time_passes(target, t, context, repeats) for t in range(1, max_tokens + 1))
-    draft_step = 0.0
-    if draft is not None:
-        time_passes(draft, 1, context, 1)
-        draft_step = time_passes(draft, 1, context, repeats)
+    try:
+        fill_context(target, context)
+        time_passes(target, 1, 1)  # warm-up (first runs allocate)
+        verify = tuple(time_passes(target, t, repeats) for t in range(1, max_tokens + 1))
+        draft_step = 0.0
+        if draft is not None:
+            fill_context(draft, context)
+            time_passes(draft, 1, 1)
+            draft_step = time_passes(draft, 1, repeats)
+    finally:
+        for runner in filter(None, (target, draft)):
+            runner.reset()
     return Costs(draft_step=draft_step, verify=verify)

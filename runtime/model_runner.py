@@ -5,8 +5,8 @@ allocated once. Slot j holds the keys/values of one token; ``length`` slots are 
 A forward pass over T new tokens binds ``cache[l, :, :, :length]`` as the past (read in
 place) and ``cache[l, :, :, length:length+T]`` as the output for the new rows, so the
 graph writes them straight into the cache: nothing is concatenated or copied on the host.
-``commit(n)`` keeps the first n new rows; rejected rows are simply overwritten by the next
-pass. Rollback is moving ``length``.
+The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared
+``Runner`` base (runtime/runner.py); this module binds and runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from .kv_store import DeviceKV, HostKV
 from .manifest import BundleError, ModelSpec
-from .masks import ancestor_matrix, chain_parents, fill_masks
+from .runner import Runner
 
 # The CUDA arena grows only by what is requested (no power-of-two jumps): on Jetson's unified memory
 # the default strategy can take memory the CPU side needs.
@@ -84,35 +84,30 @@ def _session(onnx_path: str, providers: list, threads: int | None):
     return ort.InferenceSession(onnx_path, session_options(threads), providers=providers)
 
 
-class ModelRunner:
+class ModelRunner(Runner):
+    """The standard-form graph on an onnxruntime provider, IO-bound into a preallocated cache."""
+
     def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
                  threads: int | None = None, session=None):
         if spec.kv_dtype not in _NUMPY_KV:
             raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} has no numpy buffer on this runtime (use float32/float16)")
-        self.spec = spec
         self.provider = provider
+        self._init_book(spec, max_context, max_step_tokens)
         if session is None:
             session = _session(onnx_path, providers_for(provider), threads)
             self.session = session
             self._check_contract()
         self.session = session
-        self.max_context = max_context
-        self.max_step_tokens = max_step_tokens
         kv_dtype = _NUMPY_KV[spec.kv_dtype]
         self.kv_dtype = np.dtype(kv_dtype)
         # CUDA / TensorRT execution providers keep the cache on the device; only logits come back
         store = DeviceKV if provider in ("cuda", "tensorrt") else HostKV
         self.kv = store(spec.num_layers, max_context, spec.num_kv_heads, spec.head_dim, kv_dtype)
         self.cache = getattr(self.kv, "array", None)  # the host array (HostKV), for inspection
-        self.slot_positions = np.zeros(max_context, dtype=np.int64)
-        self.length = 0
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
-        self._mask = np.zeros(max_step_tokens * max_context, dtype=bool)
-        self._sliding = np.zeros_like(self._mask) if spec.has_sliding_mask else None
         self._logits = np.zeros(max_step_tokens * spec.vocab_size, dtype=np.float32)
         self._binding = self.session.io_binding()
-        self.forward_count = 0
 
     def _check_contract(self) -> None:
         """The graph's inputs and outputs must be exactly the manifest's (names and ranks)."""
@@ -130,43 +125,23 @@ class ModelRunner:
                     f"(manifest-only or different rank: {missing[:3]}, graph-only: {extra[:3]}): the bundle is corrupt"
                 )
 
-    def reset(self) -> None:
-        self.length = 0
-
     def fork(self) -> "ModelRunner":
         """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
         buffers and IO binding: one per concurrent request. onnxruntime's ``run`` is thread-safe."""
         return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session)
 
-    def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
-        """Run T new tokens after the valid past; returns a view of the logits [T, V] (valid until the next call).
-
-        tokens, positions: [T] ints. parents: [T] tree parents (-1 = the past); None = a chain.
-        visible_past: [T, length] bool, which past slots each new token sees (draft trees); None = all.
-        New KV rows land in slots [length, length + T); call ``commit`` to keep some of them.
-        """
+    def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
         spec = self.spec
-        count = len(tokens)
-        past = self.length
-        if count > self.max_step_tokens:
-            raise ValueError(f"{count} tokens in one pass exceed this runner's {self.max_step_tokens}")
-        if past + count > self.max_context:
-            raise ValueError(f"context of {past + count} tokens exceeds max_context {self.max_context}")
-        ids, pos = self._ids[:count], self._positions[:count]
-        ids[:] = tokens
-        pos[:] = positions
+        count = len(ids)
         total = past + count
-        mask = self._mask[: count * total].reshape(count, total)
-        sliding = None if self._sliding is None else self._sliding[: count * total].reshape(count, total)
-        visible = ancestor_matrix(np.asarray(parents)) if parents is not None else _chain_visibility(count)
-        fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, spec.sliding_window, visible_past)
+        self._ids[:count] = ids
+        self._positions[:count] = positions
         logits = self._logits[: count * spec.vocab_size].reshape(1, count, spec.vocab_size)
-
         binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        _bind(binding.bind_input, "input_ids", ids.reshape(1, count))
-        _bind(binding.bind_input, "position_ids", pos.reshape(1, count))
+        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
         _bind(binding.bind_input, "attention_mask", mask.reshape(1, count, total))
         if sliding is not None:
             _bind(binding.bind_input, "sliding_attention_mask", sliding.reshape(1, count, total))
@@ -180,28 +155,10 @@ class ModelRunner:
             binding.bind_output(names.new_key, device, 0, dtype, new_shape, kv.pointer(layer, 0, past))
             binding.bind_output(names.new_value, device, 0, dtype, new_shape, kv.pointer(layer, 1, past))
         self.session.run_with_iobinding(binding)
-        self.slot_positions[past:total] = pos
-        self.forward_count += 1
         return logits[0]
 
-    def commit(self, count: int) -> None:
-        """Keep the first ``count`` rows written by the last forward."""
-        self.length += count
-
-    def move_rows(self, sources: np.ndarray, first_slot: int) -> None:
-        """Copy slots ``sources`` (ascending) to ``first_slot``, ``first_slot + 1``, ... (tree compaction)."""
+    def _move_kv(self, sources, first_slot: int) -> None:
         self.kv.move_rows(sources, first_slot)
-        for offset, slot in enumerate(sources):
-            self.slot_positions[first_slot + offset] = self.slot_positions[slot]
-
-
-_CHAIN_CACHE: dict = {}
-
-
-def _chain_visibility(count: int) -> np.ndarray:
-    if count not in _CHAIN_CACHE:
-        _CHAIN_CACHE[count] = ancestor_matrix(chain_parents(count))
-    return _CHAIN_CACHE[count]
 
 
 def _bind(bind, name: str, array: np.ndarray) -> None:

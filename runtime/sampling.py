@@ -13,6 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 NEG_INF = np.float32(-np.inf)
+# Above this |score| / temperature, float32 division would overflow: tiny temperatures take the
+# shifted float64 path (the same distribution, without inf - inf = NaN).
+_FLOAT32_SAFE = 1e30
+
+
+class DistributionError(ValueError):
+    """No sampling distribution can be formed (NaN/inf logits, or every token's score is -inf)."""
 # top-p looks at the largest candidates first and sorts the whole vocabulary only when
 # they do not already hold top_p of the mass.
 _TOP_P_CANDIDATES = 2048
@@ -27,6 +34,10 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # 1 = off
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
@@ -51,7 +62,8 @@ def apply_repetition_penalty(
     if penalty == 1.0 or len(seen_tokens) == 0:
         return
     scores = logits[seen_tokens]
-    logits[seen_tokens] = np.where(scores < 0, scores * penalty, scores / penalty)
+    with np.errstate(over="ignore"):  # float32 overflow is caught by the caller (penalized_scores)
+        logits[seen_tokens] = np.where(scores < 0, scores * penalty, scores / penalty)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:  # [V] -> [V] float64
@@ -60,9 +72,40 @@ def _softmax(logits: np.ndarray) -> np.ndarray:  # [V] -> [V] float64
     return probs / probs.sum()
 
 
+def _check_scores(scores: np.ndarray) -> None:  # [V]
+    top = scores.max()
+    if np.isnan(top) or np.isnan(scores).any():
+        raise DistributionError("the model produced NaN logits: no distribution can be formed")
+    if not np.isfinite(top):
+        which = "+inf" if top > 0 else "-inf for every token"
+        raise DistributionError(f"the scores are {which} after the processors: no distribution can be formed")
+
+
+def penalized_scores(
+    logits: np.ndarray,  # [V] raw logits of one position
+    seen_tokens: np.ndarray,  # [N] int64 unique ids this position sees
+    penalty: float,
+) -> np.ndarray:
+    """Repetition-penalized scores [V] in float32 as transformers computes them; float64 where an extreme
+    penalty would overflow float32 (so no token's score becomes -inf by overflow)."""
+    scores = np.array(logits, dtype=np.float32, copy=True)
+    apply_repetition_penalty(scores, seen_tokens, penalty)
+    if penalty != 1.0 and not np.isfinite(scores[seen_tokens]).all():
+        scores = np.array(logits, dtype=np.float64, copy=True)
+        apply_repetition_penalty(scores, seen_tokens, penalty)
+    _check_scores(scores)
+    return scores
+
+
 def warp(logits: np.ndarray, config: SamplingConfig) -> np.ndarray:
     """Temperature, top-k, top-p, min-p on penalized logits [V]; returns the sampling distribution [V] float64."""
-    scores = logits.astype(np.float32) / np.float32(config.temperature)
+    _check_scores(logits)
+    peak = float(np.abs(logits[np.isfinite(logits)]).max())
+    if peak / config.temperature < _FLOAT32_SAFE:  # transformers' float32 arithmetic
+        scores = logits.astype(np.float32) / np.float32(config.temperature)
+    else:  # a tiny temperature: shift first (the top score becomes 0, the rest -> -inf), in float64
+        with np.errstate(over="ignore"):  # -> -inf for every token below the top: intended
+            scores = (logits.astype(np.float64) - logits.max()) / config.temperature
     vocab = scores.shape[0]
     if 0 < config.top_k < vocab:
         # transformers keeps every token whose score ties the k-th largest
@@ -108,24 +151,25 @@ def sampling_distribution(
     config: SamplingConfig,
 ) -> np.ndarray:
     """The exact distribution a token at this position is drawn from ([V] float64), all processors applied."""
-    penalized = np.array(logits, dtype=np.float32, copy=True)
-    apply_repetition_penalty(penalized, seen_tokens, config.repetition_penalty)
-    return warp(penalized, config)
+    return warp(penalized_scores(logits, seen_tokens, config.repetition_penalty), config)
 
 
 def greedy_token(logits: np.ndarray, seen_tokens: np.ndarray, config: SamplingConfig) -> int:
     """transformers' greedy choice: argmax of the repetition-penalized logits."""
     if config.repetition_penalty == 1.0:
-        return int(np.argmax(logits))
-    penalized = np.array(logits, dtype=np.float32, copy=True)
-    apply_repetition_penalty(penalized, seen_tokens, config.repetition_penalty)
-    return int(np.argmax(penalized))
+        index = int(np.argmax(logits))
+        if not np.isfinite(logits[index]) or np.isnan(logits).any():
+            _check_scores(logits)
+        return index
+    return int(np.argmax(penalized_scores(logits, seen_tokens, config.repetition_penalty)))
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from ``probs`` [V] (non-negative, any positive total) by inverse CDF."""
     cumulative = np.cumsum(probs)
     total = cumulative[-1]
+    if not (total > 0.0 and np.isfinite(total)):
+        raise DistributionError(f"cannot sample from a distribution of total mass {total}")
     index = int(np.searchsorted(cumulative, rng.random() * total, side="right"))
     index = min(index, len(probs) - 1)
     while probs[index] <= 0.0:  # never return a zero-probability token (float edge at the top of the CDF)

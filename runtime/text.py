@@ -50,3 +50,62 @@ class IncrementalDecoder:
         full = self.codec.decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix) :]
+
+
+class StopStrings:
+    """Committed token ids -> text pieces, cut at the first stop string; the one text path of
+    ``generate`` and ``stream`` (``generate``'s text is the concatenation of the pieces).
+
+    A piece never contains text a stop string could still claim: the longest tail of the text that
+    is a prefix of some stop string is held back until the next token decides it, so a stream
+    never shows the first characters of a stop string that then completes.
+    """
+
+    def __init__(self, codec: TextCodec, stops: tuple):
+        self.detok = IncrementalDecoder(codec)
+        self.stops = stops
+        self.longest = max((len(s) for s in stops), default=0)
+        self.text = ""  # decoded so far (complete characters only), cut at a stop string once found
+        self.emitted = 0  # characters of ``text`` already handed out
+        self.stopped = False
+
+    def push(self, token_id: int) -> bool:
+        """Add one committed token; True when it completed a stop string (the text now ends before it)."""
+        self.text += self.detok.push([token_id])
+        return self._find_stop()
+
+    def _find_stop(self) -> bool:
+        if not self.stops or self.stopped:
+            return self.stopped
+        # an occurrence can only start in text not yet handed out (what was handed out is no stop's prefix)
+        start = self.emitted
+        found = [index for index in (self.text.find(stop, start) for stop in self.stops) if index >= 0]
+        if found:
+            self.text = self.text[: min(found)]
+            self.stopped = True
+        return self.stopped
+
+    def _held(self) -> int:
+        """Length of the longest tail of the unsent text that begins some stop string."""
+        tail = self.text[max(self.emitted, len(self.text) - self.longest + 1):]
+        for size in range(len(tail), 0, -1):
+            piece = tail[-size:]
+            if any(stop.startswith(piece) for stop in self.stops):
+                return size
+        return 0
+
+    def take(self) -> str:
+        """The text that is final now."""
+        end = len(self.text) if self.stopped else len(self.text) - self._held()
+        piece = self.text[self.emitted : end]
+        self.emitted = end
+        return piece
+
+    def finish(self) -> str:
+        """Everything still held back (an incomplete character, a stop string's prefix that never completed)."""
+        if not self.stopped:
+            self.text += self.detok.flush()
+            self._find_stop()
+        piece = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return piece

@@ -56,11 +56,11 @@ def exact_joint(target_dir, prompt_ids):
     return joint
 
 
-def sampled_pvalue(decoder, joint, prompt=PROMPT, proposer="draft", tree=None):
+def sampled_pvalue(decoder, joint, prompt=PROMPT, proposer="draft", tree=None, acceptance="rejection"):
     counts = {}
     for seed in range(RUNS):
         ids = decoder.generate(prompt, max_new_tokens=3, sampling=CONFIG, num_draft_tokens=2, seed=seed,
-                               proposer=proposer, tree=tree).token_ids
+                               proposer=proposer, tree=tree, acceptance=acceptance).token_ids
         counts[tuple(ids[:2])] = counts.get(tuple(ids[:2]), 0) + 1
     assert set(counts) <= set(joint), "a sampled pair has zero target probability"
     keys = sorted(joint, key=joint.get, reverse=True)
@@ -73,19 +73,20 @@ def sampled_pvalue(decoder, joint, prompt=PROMPT, proposer="draft", tree=None):
 
 
 # lookup needs a prompt whose suffix repeats: "(x):" recurs, so a proposal is made from the first round on
-@pytest.mark.parametrize("proposer, prompt", [("draft", PROMPT), ("lookup", "f(x): g(x): h(x):"),
-                                              ("hybrid", "f(x): g(x): h(x):")])
-def test_speculative_sampling_matches_exact_target_distribution(different_pair, proposer, prompt):
+@pytest.mark.parametrize("proposer, prompt, acceptance", [
+    ("draft", PROMPT, "rejection"), ("draft", PROMPT, "coupled"), ("lookup", "f(x): g(x): h(x):", "rejection"),
+    ("hybrid", "f(x): g(x): h(x):", "rejection")])
+def test_speculative_sampling_matches_exact_target_distribution(different_pair, proposer, prompt, acceptance):
     target_dir, bundle = different_pair
     decoder = SpeculativeDecoder.load(bundle)
     joint = exact_joint(target_dir, decoder.codec.encode(prompt))
     assert 3 <= len(joint) and abs(sum(joint.values()) - 1) < 1e-6
     stats = decoder.generate(prompt, max_new_tokens=64, sampling=CONFIG, num_draft_tokens=2, seed=0,
-                             proposer=proposer).stats
+                             proposer=proposer, acceptance=acceptance).stats
     assert 0.05 < stats.acceptance_rate < 0.95  # both acceptance and rejection are exercised
     if proposer != "draft":
         assert stats.lookup_rounds > 0
-    assert sampled_pvalue(decoder, joint, prompt, proposer) > 1e-3
+    assert sampled_pvalue(decoder, joint, prompt, proposer, acceptance=acceptance) > 1e-3
 
 
 def test_recording_the_untruncated_softmax_is_caught(different_pair, monkeypatch):
@@ -94,16 +95,18 @@ def test_recording_the_untruncated_softmax_is_caught(different_pair, monkeypatch
     joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
 
 
-    def untruncated_record(logits, context, config, rng):
+    from specdec.runtime.rules import TokenRule
+
+    def untruncated_record(self, logits, context, position):
         from specdec.runtime.sampling import sampling_distribution
 
-        dist = sampling_distribution(logits, context, config)
-        token = sample(dist, rng)
-        scaled = logits.astype(np.float64) / config.temperature
+        dist = sampling_distribution(logits, context, self.config)
+        token = sample(dist, self.rng)
+        scaled = logits.astype(np.float64) / self.config.temperature
         softmax = np.exp(scaled - scaled.max())
         return token, softmax / softmax.sum()  # records what it did NOT sample from
 
-    monkeypatch.setattr(SpeculativeDecoder, "_draft_step", staticmethod(untruncated_record))
+    monkeypatch.setattr(TokenRule, "propose", untruncated_record)
     assert sampled_pvalue(decoder, joint) < 1e-4
 
 
@@ -117,12 +120,12 @@ def test_tree_sampling_matches_exact_target_distribution(different_pair, tree):
 
 def test_wrong_sibling_correction_is_caught(different_pair, monkeypatch):
     """Siblings are drawn without replacement: keeping q unchanged after a rejection (the with-replacement rule) is biased."""
-    from specdec.runtime import decoder as decoder_module
+    from specdec.runtime import rules as rules_module
     from specdec.runtime.tree import tree_speculative_accept
 
     target_dir, bundle = different_pair
     decoder = SpeculativeDecoder.load(bundle)
     joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
-    monkeypatch.setattr(decoder_module, "tree_speculative_accept",
+    monkeypatch.setattr(rules_module, "tree_speculative_accept",
                         lambda tree, dist, rng: tree_speculative_accept(tree, dist, rng, without_replacement=False))
     assert sampled_pvalue(decoder, joint, tree="3,2") < 1e-4

@@ -84,7 +84,8 @@ def test_pass_binds_the_cache_in_place_and_writes_only_the_new_rows(long_decoder
     _at_context(runner, PAST)
     runner.forward([3] * NEW, range(PAST, PAST + NEW))
 
-    assert runner.kv.array is cache, "the cache array was replaced during a pass"
+    same_array = runner.kv.array is cache
+    assert same_array, "the cache array was replaced during a pass"
     rows = [1, None, spec.num_kv_heads, spec.head_dim]
     for layer, names in enumerate(spec.kv):
         for kind, past_name, new_name in ((0, names.past_key, names.new_key), (1, names.past_value, names.new_value)):

@@ -119,7 +119,7 @@ def _bonus_from_the_parent_row(tree, target_dist, rng):
 
 @pytest.mark.parametrize("mutant, caught", [
     ("correct", False), ("residual-unnormalised", True), ("with-replacement", True), ("bonus-from-parent-row", True),
-])
+], ids=["correct", "residual-unnormalised", "with-replacement", "bonus-from-parent-row"])
 def test_tree_rounds_match_the_exact_target_joint(monkeypatch, mutant, caught):
     """Rounds of (2, 1) trees on the toy pair: the first 3 tokens (bonus included) follow the target's exact joint."""
     accept = _bonus_from_the_parent_row if mutant == "bonus-from-parent-row" else _plant(monkeypatch, mutant)

@@ -48,6 +48,20 @@ def test_wrong_recorded_draft_distribution_is_detected():
     assert chisquare(counts, np.array([0.6, 0.4]) * counts.sum()).pvalue < 1e-6
 
 
+def test_bonus_is_drawn_from_the_row_after_the_last_draft():
+    """All drafts accepted: the bonus comes from row gamma (one-hot rows that all differ), not row gamma - 1."""
+    eye = np.eye(5)
+    drafts = np.array([1, 2], dtype=np.int64)
+    accepted, bonus = speculative_accept(drafts, eye[[1, 2]], eye[[1, 2, 4]], np.random.default_rng(0))
+    assert (accepted, bonus) == (2, 4)
+
+
+def test_residual_is_the_normalised_positive_part():
+    """normalize(max(p - q, 0)) sums to 1: target (.1,.2,.3,.4) vs draft (.4,.3,.2,.1) gives (0, 0, .25, .75)."""
+    residual = residual_distribution(np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.4, 0.3, 0.2, 0.1]))
+    assert np.allclose(residual, [0.0, 0.0, 0.25, 0.75], atol=1e-12)
+
+
 def test_residual_of_equal_distributions_falls_back_to_target():
     probs = np.array([0.25, 0.25, 0.5])
     assert np.allclose(residual_distribution(probs, probs), probs)

@@ -2,9 +2,14 @@
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
+from specdec.runtime import tree as tree_module
 from specdec.runtime.tree import (ROOT, DraftTree, allocate_children, greedy_tree_accept, parse_tree,
                                   pick_children, tree_size, tree_speculative_accept)
+from toy_chain import ToyPair, exactness_pvalue, tree_tokens
+
+TREE_RUNS = 6000
 
 #        root
 #       /    \\
@@ -57,17 +62,72 @@ def _root_only_tree(children, draft):
                      draw_dists={0: draft})
 
 
-def test_tree_sampling_math_is_exact_with_two_siblings():
-    """Exact check of recursive rejection sampling without replacement at one node, vocabulary 3."""
-    target = np.array([0.2, 0.5, 0.3])
-    draft = np.array([0.6, 0.3, 0.1])
-    rng = np.random.default_rng(1)
-    counts = np.zeros(3)
-    for _ in range(30000):
-        children = pick_children(draft, 2, greedy=False, rng=rng)
-        path, token = tree_speculative_accept(_root_only_tree(children, draft), lambda e: target, rng)
-        counts[children[path[0]] if path else token] += 1
-    assert np.allclose(counts / counts.sum(), target, atol=0.012)
+def _unnormalised_residual(target, draft):
+    """Planted bug: max(p - q, 0) kept unnormalised (same ~0 fallback), so later siblings are accepted too rarely."""
+    residual = np.maximum(np.asarray(target, dtype=np.float64) - draft, 0.0)
+    return residual if residual.sum() > 1e-12 else target
+
+
+def _with_replacement(tree, target_dist, rng):
+    """Planted bug: the with-replacement correction (q unchanged) on children drawn without replacement."""
+    return tree_speculative_accept(tree, target_dist, rng, without_replacement=False)
+
+
+def _plant(monkeypatch, mutant):
+    """The accept function to call; the residual mutant is planted where tree.py looks it up."""
+    if mutant == "residual-unnormalised":
+        monkeypatch.setattr(tree_module, "residual_distribution", _unnormalised_residual)
+    return _with_replacement if mutant == "with-replacement" else tree_speculative_accept
+
+
+def _one_node_pvalue(accept, target, draft, children, runs=20000, seed=1):
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(len(target))
+    for _ in range(runs):
+        picked = pick_children(draft, children, greedy=False, rng=rng)
+        path, token = accept(_root_only_tree(picked, draft), lambda e: target, rng)
+        counts[picked[path[0]] if path else token] += 1
+    return chisquare(counts, target * runs).pvalue
+
+
+# The issue's example is not blind to an unnormalised residual (token 2: 0.24 instead of 0.30) nor to
+# the with-replacement correction (0.343); the older example (2nd row) is blind to the residual bug.
+ISSUE_TARGET, ISSUE_DRAFT = np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.4, 0.3, 0.2, 0.1])
+
+
+@pytest.mark.parametrize("mutant, target, draft, children, caught", [
+    ("correct", ISSUE_TARGET, ISSUE_DRAFT, 2, False),
+    ("correct", np.array([0.2, 0.5, 0.3]), np.array([0.6, 0.3, 0.1]), 2, False),
+    ("correct", ISSUE_TARGET, ISSUE_DRAFT, 3, False),
+    ("residual-unnormalised", ISSUE_TARGET, ISSUE_DRAFT, 2, True),
+    ("with-replacement", ISSUE_TARGET, ISSUE_DRAFT, 2, True),
+], ids=["correct-2", "correct-older-example", "correct-3", "residual-unnormalised", "with-replacement"])
+def test_sibling_rejection_sampling_is_exact_and_planted_bugs_fail(monkeypatch, mutant, target, draft, children, caught):
+    """At one node, siblings drawn without replacement then recursive rejection give exactly the target (chi-square)."""
+    pvalue = _one_node_pvalue(_plant(monkeypatch, mutant), target, draft, children)
+    assert (pvalue < 1e-4) if caught else (pvalue > 1e-3), pvalue
+
+
+def _bonus_from_the_parent_row(tree, target_dist, rng):
+    """Planted bug: after a leaf is accepted, the bonus is drawn from the leaf's parent's row (one row too early)."""
+    def shifted(expansion):
+        if expansion > 0 and expansion not in tree.draw_dists:  # a leaf: only its bonus is drawn here
+            return target_dist(tree.parents[expansion - 1] + 1)
+        return target_dist(expansion)
+    return tree_speculative_accept(tree, shifted, rng)
+
+
+@pytest.mark.parametrize("mutant, caught", [
+    ("correct", False), ("residual-unnormalised", True), ("with-replacement", True), ("bonus-from-parent-row", True),
+], ids=["correct", "residual-unnormalised", "with-replacement", "bonus-from-parent-row"])
+def test_tree_rounds_match_the_exact_target_joint(monkeypatch, mutant, caught):
+    """Rounds of (2, 1) trees on the toy pair: the first 3 tokens (bonus included) follow the target's exact joint."""
+    accept = _bonus_from_the_parent_row if mutant == "bonus-from-parent-row" else _plant(monkeypatch, mutant)
+    pair = ToyPair()
+    rng = np.random.default_rng(2)
+    samples = [tree_tokens(pair, (2, 1), 3, rng, accept=accept) for _ in range(TREE_RUNS)]
+    pvalue = exactness_pvalue(samples, pair.exact_joint(3))
+    assert (pvalue < 1e-4) if caught else (pvalue > 1e-3), pvalue
 
 
 PROMPTS = ["def add(a, b):\n    return", "x", "The quick brown fox jumps over the lazy dog. " * 2]

@@ -6,6 +6,7 @@ and tokenizers. The exporter (``specdec.export``) needs the ``[export]`` extra.
 
 from specdec.runtime.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
 from specdec.runtime.sampling import SamplingConfig
+import specdec.engines  # noqa: E402,F401  registers the native TensorRT backend (imports nothing GPU-side)
 
 __all__ = ["SpeculativeDecoder", "SamplingConfig", "GenerationResult", "GenerationStats"]
 __version__ = "0.1.0"

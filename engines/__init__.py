@@ -5,3 +5,9 @@ or mismatched engines, backend selection, memory budgets) is pure Python and tes
 The GPU paths import ``tensorrt`` and ``cuda`` (cuda-python) lazily and only run on a machine
 that has them (``samples/gpu_check.py``).
 """
+
+from specdec.runtime.runner import RUNNER_BACKENDS
+
+from .tensorrt_runner import tensorrt_runners
+
+RUNNER_BACKENDS["tensorrt-native"] = tensorrt_runners  # SpeculativeDecoder.load(provider="tensorrt-native")

@@ -15,7 +15,7 @@ from specdec.runtime.kv_store import DeviceKV
 from specdec.runtime.manifest import ModelSpec
 from specdec.runtime.runner import Runner
 
-from .cuda_memory import DeviceBuffer, new_stream, synchronize
+from specdec.runtime.cuda_memory import DeviceBuffer, new_stream, synchronize
 from .profiles import ProfileLimits, build_profiles, profile_for
 
 
@@ -79,3 +79,17 @@ class TensorRTRunner(Runner):
         self._logits.download(0, logits, self.stream)
         synchronize(self.stream)
         return logits.reshape(count, spec.vocab_size)
+
+
+def tensorrt_runners(root, manifest, max_context: int) -> dict:
+    """{role: TensorRTRunner} for a bundle whose engines were built and verified for this device."""
+    from .records import verified_engine
+    from .tensorrt_build import current_device
+
+    device = current_device()
+    runners = {}
+    for role, spec in manifest.models().items():
+        path, record = verified_engine(root, manifest, role, device)
+        limits = ProfileLimits(record.max_context, record.max_verify, record.max_prefill)
+        runners[role] = TensorRTRunner(str(path), spec, limits, max_context)
+    return runners

@@ -32,6 +32,7 @@ from .request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, GenerationError, 
                       GenerationStats, Limits, Request, RequestState, make_request)
 from .rounds import PREFILL_CHUNK, Round, catch_up, chain_round, tree_round
 from .rules import TokenRule
+from .runner import RUNNER_BACKENDS
 from .text import TextCodec
 from .timing import TimedRunner
 
@@ -70,8 +71,8 @@ class SpeculativeDecoder:
                              f"(the target's max positions), got {max_context!r}")
         step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
         _check_memory(root, manifest, max_context, step_tokens, provider)
-        if provider == "tensorrt-native":
-            runners = _tensorrt_runners(root, manifest, max_context)
+        if provider in RUNNER_BACKENDS:
+            runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
             runners = {
                 role: ModelRunner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
@@ -236,32 +237,15 @@ class TextStream:
 
 def _check_memory(root: Path, manifest, max_context: int, step_tokens: int, provider: str) -> None:
     """Refuse, before allocating, a load that cannot fit (host RAM, or the GPU's free memory)."""
-    from specdec.engines.memory import available_host_memory, budget, check_fits
+    from specdec.runtime.memory import available_host_memory, budget, check_fits
 
     available = available_host_memory()
     if provider in ("cuda", "tensorrt", "tensorrt-native"):
         try:
-            from specdec.engines.cuda_memory import free_device_memory
+            from specdec.runtime.cuda_memory import free_device_memory
 
             available = free_device_memory()
         except (ValueError, RuntimeError):
             pass  # no cuda-python: the provider check reports what is missing
     if available is not None:
         check_fits(budget(root, manifest, max_context, step_tokens), manifest, available, max_context)
-
-
-def _tensorrt_runners(root: Path, manifest, max_context: int) -> dict:
-    from specdec.engines.profiles import ProfileLimits
-    from specdec.engines.records import verified_engine
-    from specdec.engines.tensorrt_build import current_device
-    from specdec.engines.tensorrt_runner import TensorRTRunner
-
-    device = current_device()
-    runners = {}
-    for role, spec in manifest.models().items():
-        path, record = verified_engine(root, manifest, role, device)
-        limits = ProfileLimits(record.max_context, record.max_verify, record.max_prefill)
-        runners[role] = TensorRTRunner(str(path), spec, limits, max_context)
-    return runners
-
-

@@ -34,7 +34,7 @@ class DeviceKV:
     device_type = "cuda"
 
     def __init__(self, layers: int, max_context: int, kv_heads: int, head_dim: int, dtype, stream: int = 0):
-        from specdec.engines.cuda_memory import DeviceBuffer
+        from specdec.runtime.cuda_memory import DeviceBuffer
 
         self.layers = layers
         self.max_context = max_context

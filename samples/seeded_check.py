@@ -17,12 +17,12 @@ from specdec import SamplingConfig, SpeculativeDecoder
 
 MODES = {
     "target-only": dict(num_draft_tokens=0),
-    "auto (hybrid)": dict(num_draft_tokens="auto"),
-    "auto lookup": dict(num_draft_tokens="auto", proposer="lookup"),
-    "auto draft": dict(num_draft_tokens="auto", proposer="draft"),
-    "g=2 draft": dict(num_draft_tokens=2, proposer="draft"),
-    "tree 2,2,1": dict(tree="2,2,1"),
-    "g=2 draft, rejection": dict(num_draft_tokens=2, proposer="draft", acceptance="rejection"),
+    "auto": dict(num_draft_tokens="auto"),  # the default: hybrid proposals, auto lengths
+    "lookup": dict(num_draft_tokens="auto", proposer="lookup"),
+    "auto-draft": dict(num_draft_tokens="auto", proposer="draft"),
+    "g2": dict(num_draft_tokens=2, proposer="draft"),
+    "tree": dict(tree="2,2,1"),
+    "g2-rejection": dict(num_draft_tokens=2, proposer="draft", acceptance="rejection"),
 }
 
 
@@ -34,14 +34,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma list of " + ", ".join(MODES))
     args = parser.parse_args()
+    modes = {name: MODES[name] for name in ["target-only"] + [m for m in args.modes.split(",") if m != "target-only"]}
     prompts = json.load(open(args.prompts))[: args.limit]
     decoder = SpeculativeDecoder.load(args.bundle)
     sampling = SamplingConfig(temperature=args.temperature)
-    outputs = {mode: [] for mode in MODES}
-    counts = {mode: [0, 0, 0] for mode in MODES}  # accepted, proposed, rejected rounds
+    outputs = {mode: [] for mode in modes}
+    counts = {mode: [0, 0, 0] for mode in modes}  # accepted, proposed, rejected rounds
     for item in prompts:
-        for mode, kwargs in MODES.items():
+        for mode, kwargs in modes.items():
             result = decoder.generate(item["prompt"], args.max_new_tokens, sampling, seed=args.seed, **kwargs)
             outputs[mode].append(result.token_ids)
             stats = result.stats
@@ -51,7 +53,7 @@ def main() -> None:
     base = outputs["target-only"]
     print(f"temperature {args.temperature}, seed {args.seed}, {len(prompts)} prompts, {args.max_new_tokens} new tokens")
     print("| mode | == target-only sampled tokens | acceptance | per-token acceptance |\n|---|---|---|---|")
-    for mode in MODES:
+    for mode in modes:
         same = sum(a == b for a, b in zip(outputs[mode], base))
         accepted, proposed, rejected = counts[mode]
         rate = f"{accepted / proposed:.3f}" if proposed else "-"

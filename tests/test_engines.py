@@ -5,7 +5,7 @@ import hashlib
 
 import pytest
 
-from specdec.engines.memory import MemoryBudgetError, budget, check_fits
+from specdec.runtime.memory import MemoryBudgetError, budget, check_fits
 from specdec.engines.profiles import ProfileLimits, build_profiles, profile_for
 from specdec.engines.records import DeviceInfo, EngineRecord, verified_engine
 from specdec.runtime.manifest import BundleError, Manifest

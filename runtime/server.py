@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -141,27 +142,32 @@ def error_response(status, message, param=None, code=None, kind="invalid_request
 
 
 def _field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One message naming every bad field (``temperature: ...; messages.0.role: ...``), and the first field."""
-    parts, first = [], None
+    """One message naming every bad field (``temperature: ...; messages.0.role: ...``), and the first field.
+
+    A union field (``stop``: a string or a list) fails once per alternative: its messages are joined."""
+    fields: dict = {}
     for error in exc.errors():
-        location = [str(p) for p in error.get("loc", ()) if p != "body"]
         if error.get("type") == "json_invalid":
-            return f"the request body is not valid JSON: {error.get('ctx', {}).get('error', error.get('msg'))}", None
-        # a union (str | list ...) reports each alternative under a type tag: name the field, not the tag
-        location = [p for p in location if not (p.startswith(("list[", "str", "int", "float", "literal[",
-                                                               "function-")) or p in ("bool", "none"))]
+            detail = (error.get("ctx") or {}).get("error", error.get("msg"))
+            return f"the request body is not valid JSON: {detail}", None
+        location = [str(p) for p in error.get("loc", ()) if p != "body"]
+        # drop pydantic's tags for union alternatives ("str", "list[str]", "constrained-int", "literal['auto']")
+        location = [p for p in location if not _UNION_TAG.fullmatch(p)]
         name = ".".join(location) or "body"
-        first = first or name
         message = "unknown field" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
         message = message.removeprefix("Value error, ")
-        entry = f"{name}: {message}"
-        if entry not in parts:
-            parts.append(entry)
-    return "; ".join(parts), first
+        if message not in fields.setdefault(name, []):
+            fields[name].append(message)
+    parts = [f"{name}: {' or '.join(messages)}" for name, messages in fields.items()]
+    return "; ".join(parts), next(iter(fields), None)
 
 
 class ClientGone(Exception):
     """The client disconnected before its (non-streaming) answer was ready."""
+
+
+_UNION_TAG = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|constrained-\w+|"
+                        r"function-\w+\[.*\]|[A-Z]\w+)")
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -78,10 +78,19 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _jinja():
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+    except ImportError:
+        raise ChatTemplateError("chat needs jinja2: pip install 'specdec[chat]'") from None
+    return jinja2
+
+
 @lru_cache(maxsize=16)
 def _compiled(source: str):
-    import jinja2
-    import jinja2.ext
+    jinja2 = _jinja()
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -140,7 +149,7 @@ def normalize_messages(messages) -> list[dict]:
 
 def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: bool = True, **variables) -> str:
     """The prompt text for ``messages``, ending with the assistant header when ``add_generation_prompt``."""
-    import jinja2
+    jinja2 = _jinja()
 
     if isinstance(template, str):
         template = ChatTemplate(template, "<string>", {})

@@ -22,11 +22,45 @@ def chat_decoder(chat_bundle):
     return SpeculativeDecoder.load(chat_bundle)
 
 
-def test_exporter_copies_the_template(chat_bundle):
-    """The source tokenizer's chat template lands in the bundle, hashed by the manifest."""
+def test_bundle_carries_the_template(chat_bundle):
+    """The source tokenizer's chat template lands in the bundle (the exporter's save_tokenizer), hashed."""
     manifest = json.loads((chat_bundle / "manifest.json").read_text())
     assert "tokenizer/chat_template.jinja" in manifest["files"]
     assert (chat_bundle / "tokenizer" / "chat_template.jinja").read_text() == TINY_CHAT_TEMPLATE
+
+
+def test_save_tokenizer_writes_the_template_or_reports_none(tmp_path):
+    """save_tokenizer (export_bundle's tokenizer step) writes the template file, even when the tokenizer's own
+    writer does not, and reports a source without one."""
+    from specdec.export.bundle import save_tokenizer
+    from tiny_models import tiny_tokenizer
+
+    plain = tiny_tokenizer()
+    assert save_tokenizer(plain, tmp_path / "plain") is False
+    assert not (tmp_path / "plain" / "chat_template.jinja").exists()
+    templated = tiny_tokenizer()
+    templated.chat_template = TINY_CHAT_TEMPLATE
+    original = templated.save_pretrained
+
+    def old_writer(folder, **kwargs):  # a writer that drops the template (as some versions did)
+        original(folder, **kwargs)
+        (tmp_path / "old" / "chat_template.jinja").unlink(missing_ok=True)
+
+    templated.save_pretrained = old_writer
+    assert save_tokenizer(templated, tmp_path / "old") is True
+    assert (tmp_path / "old" / "chat_template.jinja").read_text() == TINY_CHAT_TEMPLATE
+
+
+def test_unhashed_template_is_not_read(tiny_bundle, tmp_path):
+    """A template file planted after export (not in the manifest) is ignored: the bundle has no template."""
+    import shutil
+
+    from specdec.runtime.chat import load_chat_template
+    from specdec.runtime.manifest import Manifest
+
+    copy = shutil.copytree(tiny_bundle, tmp_path / "b")
+    (copy / "tokenizer" / "chat_template.jinja").write_text(TINY_CHAT_TEMPLATE)
+    assert load_chat_template(copy, Manifest.read(copy)) is None
 
 
 def test_render_matches_transformers(chat_bundle):
@@ -156,3 +190,28 @@ def test_cli_chat_without_template_one_line(tiny_bundle):
     done = _cli("generate", str(tiny_bundle), "hi", "--chat")
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "no chat template" in done.stderr
+
+
+CHAT_WITHOUT_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'transformers', 'onnx', 'onnxscript'):
+            raise ImportError('blocked for this test: ' + name)
+sys.meta_path.insert(0, Block())
+from specdec import SpeculativeDecoder
+from specdec.runtime.chat import chat
+import specdec.runtime.server
+dec = SpeculativeDecoder.load(sys.argv[1])
+res = chat(dec, [{"role": "user", "content": "hi"}], max_new_tokens=4)
+assert len(res.token_ids) >= 1
+print('ok')
+"""
+
+
+def test_chat_and_server_need_no_torch(chat_bundle):
+    """Chat rendering and the server import and run with torch and transformers unimportable."""
+    proc = subprocess.run([sys.executable, "-c", CHAT_WITHOUT_TORCH, str(chat_bundle)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

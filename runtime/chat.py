@@ -166,7 +166,8 @@ def end_of_turn_ids(template: ChatTemplate | str, tokenizer) -> tuple:
     assistant message (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>`` ...) and the tokenizer config's eos."""
     if isinstance(template, str):
         template = ChatTemplate(template, "<string>", {})
-    special = {token.content: index for index, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    # control tokens are added tokens (a GGUF-converted tokenizer may not flag every one of them special)
+    special = {token.content: index for index, token in tokenizer.get_added_tokens_decoder().items()}
     found = []
     probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
     try:
@@ -175,9 +176,12 @@ def end_of_turn_ids(template: ChatTemplate | str, tokenizer) -> tuple:
         text = ""
     if _PROBE in text:
         after = text.split(_PROBE, 1)[1]
-        ids = tokenizer.encode(after, add_special_tokens=False).ids if after else []
-        if ids and tokenizer.id_to_token(ids[0]) in special:
-            found.append(ids[0])
+        for index in tokenizer.encode(after, add_special_tokens=False).ids if after else []:
+            if tokenizer.id_to_token(index) in special:  # the first control token after the reply
+                found.append(index)
+                break
+            if tokenizer.decode([index], skip_special_tokens=False).strip():  # text before it: not a turn end
+                break
     eos = template.special_tokens.get("eos_token")
     if eos in special:
         found.append(special[eos])

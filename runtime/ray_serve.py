@@ -89,11 +89,19 @@ def build_application(options: RayOptions):
     return replica.bind()
 
 
+def _local_environment(address: str | None) -> None:
+    """Before Ray is imported: no usage statistics; a local instance stays on the loopback address
+    (Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 as "single machine": its node address is then 127.0.0.1)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not address:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def connect(address: str | None, **local) -> None:
     """Join the Ray cluster at ``address``, or start a local instance on 127.0.0.1 (dashboard off)."""
+    _local_environment(address)
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if ray.is_initialized():
         return
     if address:
@@ -104,6 +112,7 @@ def connect(address: str | None, **local) -> None:
 
 def start(options: RayOptions, **local):
     """Connect, start Serve's HTTP proxy on host:port and deploy; returns the ingress handle."""
+    _local_environment(options.address)
     from ray import serve
 
     application = build_application(options)
@@ -116,9 +125,9 @@ def serve_on_ray(options: RayOptions) -> int:
     """``specdec serve --ray``: deploy, then block until Ctrl-C, then remove the application."""
     import time
 
+    start(options)
     from ray import serve
 
-    start(options)
     print(f"specdec: serving {options.model_name} on Ray Serve at http://{options.host}:{options.port}/v1 "
           f"({options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''} replicas); "
           "Ctrl-C stops", flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
 import uuid
@@ -54,7 +55,7 @@ class _GenerationFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     user: str | None = None  # accepted and ignored, as by other local servers
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -329,7 +330,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "shutting_down" if pool.closed else "ok", "workers": pool.options.workers,
+        return {"status": "shutting_down" if pool.closed else "ok", "pid": os.getpid(), "workers": pool.options.workers,
                 "busy": pool.busy, "queue_depth": pool.waiting}
 
     @app.get("/metrics")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -35,42 +38,50 @@ def test_options_validated():
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}}
 
 
-def test_two_replicas_answer_like_the_decoder(chat_bundle, monkeypatch):
-    """On a local Ray instance, 2 replicas serve the OpenAI routes; greedy answers equal dec.generate/chat.
-    (~30 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
-    import ray
-    from ray import serve
-
+def test_two_replicas_answer_like_the_decoder(chat_bundle):
+    """`specdec serve --ray --replicas 2` on a local Ray instance (node address 127.0.0.1, dashboard and usage
+    statistics off): both replicas answer the OpenAI routes, greedy answers equal dec.generate / chat, and
+    Ctrl-C stops everything. (~30-60 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
     from specdec import SpeculativeDecoder
     from specdec.runtime.chat import chat
-    from specdec.runtime.ray_serve import RayOptions, start
 
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     decoder = SpeculativeDecoder.load(chat_bundle)
     prompts = [f"def g{i}(y):" for i in range(4)]
     expected = [decoder.generate(p, max_new_tokens=16).text for p in prompts]
     messages = [{"role": "user", "content": "hi"}]
     expected_chat = chat(decoder, messages, max_new_tokens=12).text
     port = _free_port()
-    options = RayOptions(bundle=str(chat_bundle), model_name=MODEL, host="127.0.0.1", port=port, replicas=2,
-                         cpus_per_replica=0.5)
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specdec.runtime.cli", "serve", str(chat_bundle), "--ray", "--replicas", "2",
+         "--cpus-per-replica", "0.5", "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        start(options, num_cpus=2, object_store_memory=128 * 1024 * 1024)
-        status = serve.status().applications["specdec"]
-        replicas = status.deployments["SpecdecReplica"].replica_states
-        assert replicas.get("RUNNING") == 2, replicas
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        deadline = time.monotonic() + 150
+        pids = set()
+        while len(pids) < 2 and time.monotonic() < deadline:  # bounded: until both replicas have answered
+            assert process.poll() is None, process.stdout.read()
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                health = httpx.get(f"{url}/health", timeout=5)
+                if health.status_code == 200:
+                    pids.add(health.json()["pid"])
+            time.sleep(0.2)
+        assert len(pids) == 2, f"replicas seen: {pids}"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         answers = [client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0).choices[0].text
                    for p in prompts]
         assert answers == expected
         streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
                                                   stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == expected_chat
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["status"] == "ok"
-        bad = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": MODEL, "prompt": "a", "n": 3},
-                         timeout=10)
+        bad = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "a", "n": 3}, timeout=10)
         assert bad.status_code == 400 and "n=1" in bad.json()["error"]["message"]
     finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        ray.shutdown()
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    assert process.returncode == 0

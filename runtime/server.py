@@ -299,12 +299,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
         await asyncio.to_thread(pool.close, options.shutdown_grace)
 
     app = FastAPI(title="specdec", lifespan=lifespan)
-
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        metrics.count_request(request.url.path, response.status_code)
-        return response
+    app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
@@ -381,18 +376,23 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
             sampling=sampling, num_draft_tokens=body.num_draft_tokens, seed=body.seed, stop=stop,
             proposer=body.proposer, tree=tree, stop_token_ids=tuple(stop_token_ids)))
 
-    async def _next(job, request: Request):
-        """The job's next item; a client that went away meanwhile cancels the job."""
+    async def _next(job, request: Request, checked: list):
+        """The job's next item; a client gone meanwhile cancels the job (checked at most every poll period,
+        whether items flow or not; ``checked`` holds the time of the last check)."""
         getter = asyncio.ensure_future(job.get())
         try:
             while True:
-                done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_SECONDS)
-                if done:
+                wait = max(0.0, checked[0] + DISCONNECT_POLL_SECONDS - time.monotonic())
+                done, _ = await asyncio.wait({getter}, timeout=wait)
+                if done and time.monotonic() < checked[0] + DISCONNECT_POLL_SECONDS:
                     return getter.result()
+                checked[0] = time.monotonic()
                 if await request.is_disconnected():
                     job.cancel()
                     metrics.disconnects += 1
                     raise ClientGone()
+                if done:
+                    return getter.result()
         finally:
             if not getter.done():
                 getter.cancel()
@@ -408,7 +408,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
             raise APIError(503, str(exc), code="shutting_down", kind="server_error",
                            retry_after=options.retry_after) from None
         try:
-            first = await _next(job, request)
+            first = await _next(job, request, [time.monotonic()])
         except JobCancelled:
             raise APIError(503, "the server is shutting down: request cancelled", code="shutting_down",
                            kind="server_error", retry_after=options.retry_after) from None
@@ -420,13 +420,13 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
         return job, first
 
     async def _collect(job, first, request):
-        pieces, item = [], first
+        pieces, item, checked = [], first, [time.monotonic()]
         while item is not END:
             if isinstance(item, _Done):
                 done = item
             else:
                 pieces.append(item)
-            item = await _next(job, request)
+            item = await _next(job, request, checked)
         return "".join(pieces), done
 
     def _finished(done: _Done, job) -> _Done:
@@ -519,6 +519,25 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
                 "usage": _usage(done.stats), "specdec": _specdec_fields(done)}
 
     return app
+
+
+class _CountRequests:
+    """Counts responses by route and status. A plain ASGI middleware: Starlette's BaseHTTPMiddleware would
+    wrap ``receive`` and hide a client's disconnect from the handlers."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.count_request(scope["path"], message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counted)
 
 
 def _plain_message(message: ChatMessage) -> dict:

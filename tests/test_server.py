@@ -282,6 +282,15 @@ def test_full_queue_429_and_disconnect_frees_the_worker(slow_server, decoder):
     assert "specdec_cancelled_total 1" in httpx.get(f"{url}/metrics").text
 
 
+def test_non_streaming_client_that_gives_up_frees_the_worker(slow_server):
+    """A non-streaming client that times out and closes its connection cancels the generation too."""
+    url, pool, _ = slow_server
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/completions", json={**LONG, "stream": False}, timeout=1.0)
+    assert _wait(lambda: _busy(url) == 0, seconds=5), "the abandoned request still holds the worker"
+    assert pool.cancelled_jobs == 1
+
+
 def test_shutdown_cancels_what_outlives_the_grace(slow_server):
     """Shutdown waits the grace period, then cancels the running stream; the pool's worker ends."""
     url, pool, server = slow_server

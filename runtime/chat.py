@@ -153,7 +153,10 @@ def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: b
 
     if isinstance(template, str):
         template = ChatTemplate(template, "<string>", {})
-    context = {**template.special_tokens, **json.loads(json.dumps(variables))}
+    try:
+        context = {**template.special_tokens, **json.loads(json.dumps(variables))}
+    except (TypeError, ValueError):
+        raise ChatTemplateError("template variables must be plain JSON values (str, number, bool, list, dict)") from None
     try:
         return _compiled(template.source).render(messages=normalize_messages(messages), tools=None, documents=None,
                                                  add_generation_prompt=add_generation_prompt, **context)

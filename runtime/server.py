@@ -13,218 +13,27 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .chat import ChatTemplateError, chat_prompt
 from .decoder import GenerationStats
 from .sampling import SamplingConfig
+from .server_api import (APIError, ChatCompletionRequest, ChatMessage, ClientGone, CompletionRequest,
+                         error_response, field_errors)
+from .server_metrics import Metrics
 from .server_pool import END, DecoderPool, JobCancelled, PoolBusy, PoolClosed
 
-MAX_STOP_STRINGS = 4  # as OpenAI
 DRAFT_ROOM = 64  # context slots kept free for one round's drafts when max_tokens is left to the server
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.25
-
-
-# ----------------------------------------------------------------------------- request models
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-
-
-class _GenerationFields(_Strict):
-    model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0  # OpenAI's default (0 = greedy)
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
-    user: str | None = None  # accepted and ignored, as by other local servers
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    # specdec extensions
-    top_k: Annotated[int, Field(ge=0)] = 0
-    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
-    num_draft_tokens: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = "auto"
-    proposer: Literal["draft", "lookup", "hybrid"] | None = None
-    tree: str | list[Annotated[int, Field(ge=1)]] | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value):
-        if value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value):
-        if value != 0:
-            raise ValueError("only 0 is supported (use repetition_penalty)")
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, value):
-        stops = [value] if isinstance(value, str) else (value or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        if any(not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
-        return value
-
-
-class CompletionRequest(_GenerationFields):
-    prompt: str | list[str] | list[int]
-    echo: Literal[False] = False
-    logprobs: Literal[None] = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, value):
-        if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 1:
-            raise ValueError("only one prompt per request (n=1, no batches)")
-        if not value:
-            raise ValueError("prompt is empty")
-        return value
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-
-class ChatCompletionRequest(_GenerationFields):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # OpenAI's newer name for max_tokens
-    logprobs: Literal[False, None] = None
-
-
-# ----------------------------------------------------------------------------- errors
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.retry_after = retry_after
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return error_response(self.status, self.message, self.param, self.code, self.kind, headers)
-
-
-def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None):
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One message naming every bad field (``temperature: ...; messages.0.role: ...``), and the first field.
-
-    A union field (``stop``: a string or a list) fails once per alternative: its messages are joined."""
-    fields: dict = {}
-    for error in exc.errors():
-        if error.get("type") == "json_invalid":
-            detail = (error.get("ctx") or {}).get("error", error.get("msg"))
-            return f"the request body is not valid JSON: {detail}", None
-        location = [str(p) for p in error.get("loc", ()) if p != "body"]
-        # drop pydantic's tags for union alternatives ("str", "list[str]", "constrained-int", "literal['auto']")
-        location = [p for p in location if not _UNION_TAG.fullmatch(p)]
-        name = ".".join(location) or "body"
-        message = "unknown field" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
-        message = message.removeprefix("Value error, ")
-        if message not in fields.setdefault(name, []):
-            fields[name].append(message)
-    parts = [f"{name}: {' or '.join(messages)}" for name, messages in fields.items()]
-    return "; ".join(parts), next(iter(fields), None)
-
-
-class ClientGone(Exception):
-    """The client disconnected before its (non-streaming) answer was ready."""
-
-
-_UNION_TAG = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|constrained-\w+|"
-                        r"function-\w+\[.*\]|[A-Z]\w+)")
-
-
-# ----------------------------------------------------------------------------- metrics
-class Metrics:
-    """Counters for /metrics (Prometheus text format 0.0.4); updated on the event loop thread only."""
-
-    def __init__(self):
-        self.requests: dict = {}  # (route, status) -> count
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.decode_seconds = 0.0
-        self.proposed = 0
-        self.accepted = 0
-        self.disconnects = 0
-        self.last_tokens_per_second = 0.0
-
-    def count_request(self, route: str, status: int) -> None:
-        self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
-
-    def add(self, stats: GenerationStats) -> None:
-        self.prompt_tokens += stats.prompt_tokens
-        self.completion_tokens += stats.new_tokens
-        self.decode_seconds += stats.decode_seconds
-        self.proposed += stats.proposed
-        self.accepted += stats.accepted
-        self.last_tokens_per_second = stats.tokens_per_s
-
-    def render(self, pool: DecoderPool) -> str:
-        lines = []
-
-        def metric(name, kind, help_text, samples):
-            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
-
-        metric("specdec_requests_total", "counter", "HTTP requests by route and status code",
-               [(f'{{route="{route}",status="{status}"}}', count)
-                for (route, status), count in sorted(self.requests.items())] or [("", 0)])
-        metric("specdec_prompt_tokens_total", "counter", "prompt tokens of finished generations",
-               [("", self.prompt_tokens)])
-        metric("specdec_completion_tokens_total", "counter", "generated tokens", [("", self.completion_tokens)])
-        metric("specdec_decode_seconds_total", "counter", "time in decode loops (prefill excluded)",
-               [("", round(self.decode_seconds, 6))])
-        metric("specdec_decode_tokens_per_second", "gauge", "generated tokens per decode second, all requests",
-               [("", round(self.completion_tokens / self.decode_seconds, 3) if self.decode_seconds else 0.0)])
-        metric("specdec_last_decode_tokens_per_second", "gauge", "decode speed of the latest finished request",
-               [("", round(self.last_tokens_per_second, 3))])
-        metric("specdec_draft_tokens_proposed_total", "counter", "draft tokens proposed", [("", self.proposed)])
-        metric("specdec_draft_tokens_accepted_total", "counter", "draft tokens accepted", [("", self.accepted)])
-        metric("specdec_acceptance_rate", "gauge", "accepted / proposed draft tokens, all requests",
-               [("", round(self.accepted / self.proposed, 6) if self.proposed else 0.0)])
-        metric("specdec_queue_depth", "gauge", "requests waiting for a worker", [("", pool.waiting)])
-        metric("specdec_workers_busy", "gauge", "workers generating", [("", pool.busy)])
-        metric("specdec_workers", "gauge", "worker count (one KV cache each)", [("", pool.options.workers)])
-        metric("specdec_cancelled_total", "counter", "generations cancelled (client gone or shutdown)",
-               [("", pool.cancelled_jobs)])
-        return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- the app
@@ -307,7 +116,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
-        message, param = _field_errors(exc)
+        message, param = field_errors(exc)
         return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -349,7 +158,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
             raise APIError(404, f"model {name!r} does not exist: this server serves {options.model_name!r}",
                            param="model", code="model_not_found")
 
-    def _prepare(body: _GenerationFields, prompt_ids: list, stop_token_ids=(), default_max=None,
+    def _prepare(body, prompt_ids: list, stop_token_ids=(), default_max=None,
                  prompt_field="prompt") -> _Prepared:
         _check_model(body.model)
         vocab = decoder.manifest.target.vocab_size

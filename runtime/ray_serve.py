@@ -70,7 +70,8 @@ def build_application(options: RayOptions):
         raise ValueError(f"bundle folder {options.bundle} does not exist (every node must see it at this path)")
 
     def build_app():  # runs in each replica, on its node
-        from .decoder import SpeculativeDecoder
+        from specdec import SpeculativeDecoder
+
         from .server import ServerOptions, create_app
         from .server_pool import DecoderPool, PoolOptions
 

@@ -47,7 +47,8 @@ def cmd_serve(args) -> int:
         from .server import ServerOptions, create_app
     except ImportError as exc:
         raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
-    from .decoder import SpeculativeDecoder
+    from specdec import SpeculativeDecoder
+
     from .server_pool import DecoderPool, PoolOptions
 
     if not 0 <= args.port <= 65535:

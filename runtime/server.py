@@ -23,9 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec import GenerationStats, SamplingConfig  # the public names: decoder internals are being refactored
+
 from .chat import ChatTemplateError, chat_prompt
-from .decoder import GenerationStats
-from .sampling import SamplingConfig
 from .server_api import (APIError, ChatCompletionRequest, ChatMessage, ClientGone, CompletionRequest,
                          error_response, field_errors)
 from .server_metrics import Metrics

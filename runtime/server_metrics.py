@@ -5,7 +5,8 @@ Written by hand (a dozen lines of text) rather than with prometheus_client: no e
 
 from __future__ import annotations
 
-from .decoder import GenerationStats
+from specdec import GenerationStats  # the public names: decoder internals are being refactored
+
 from .server_pool import DecoderPool
 
 

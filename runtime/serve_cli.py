@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -57,6 +58,9 @@ def cmd_serve(args) -> int:
     server_options = ServerOptions(model_name=model_name(args), shutdown_grace=args.shutdown_grace)
     decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                       threads=args.threads, verify=not args.no_verify)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
+              "can use it", file=sys.stderr)
     app = create_app(DecoderPool(decoder, pool_options), server_options)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
                 log_level="info")

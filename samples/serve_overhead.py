@@ -4,8 +4,8 @@ usage: python samples/serve_overhead.py BUNDLE [--requests 5] [--max-tokens 128]
 
 Starts `specdec serve BUNDLE` on 127.0.0.1 on a free port (one worker), then for each request times
 one streaming /v1/completions call (time to first token, wall time, tokens from `usage`) and one
-in-process `dec.generate` of the same prompt, alternating which goes first. Prints per-request
-numbers, the medians and the ratio server / in-process wall time. Needs the [serve] extra and httpx.
+in-process `dec.generate` (and `dec.stream`, what the server runs) of the same prompt, rotating which
+goes first. Prints per-request numbers, the medians and the ratios server / in-process wall time. Needs the [serve] extra and httpx.
 Only the ratio means something on a machine shared with other work.
 """
 
@@ -80,6 +80,17 @@ def in_process(decoder, prompt: str, max_tokens: int) -> dict:
             "prefill": result.stats.prefill_seconds, "decode_tps": result.stats.tokens_per_s}
 
 
+def in_process_stream(decoder, prompt: str, max_tokens: int) -> dict:
+    """The same request through dec.stream (what the server runs): splits HTTP cost from streaming cost."""
+    pieces, first = [], None
+    started = time.perf_counter()
+    for piece in decoder.stream(prompt, max_new_tokens=max_tokens):
+        first = first if first is not None else time.perf_counter() - started
+        pieces.append(piece)
+    wall = time.perf_counter() - started
+    return {"text": "".join(pieces), "wall": wall, "ttft": first if first is not None else wall}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle")
@@ -103,19 +114,19 @@ def main() -> int:
         client = httpx.Client()  # one connection pool, as a real client keeps (a new client per call costs ~0.1 s)
         through_server(client, url, model, args.prompt, args.max_tokens)  # warm-up (cost calibration, first allocations)
         in_process(decoder, args.prompt, args.max_tokens)
-        served, local = [], []
-        print(f"{'req':>3} {'server wall':>11} {'ttft':>7} {'tok':>4} {'in-proc wall':>12} {'prefill':>7} {'tok':>4}")
+        served, local, streamed = [], [], []
+        runs = [lambda: served.append(through_server(client, url, model, args.prompt, args.max_tokens)),
+                lambda: local.append(in_process(decoder, args.prompt, args.max_tokens)),
+                lambda: streamed.append(in_process_stream(decoder, args.prompt, args.max_tokens))]
+        print(f"{'req':>3} {'server wall':>11} {'ttft':>7} {'tok':>4} {'generate wall':>13} {'tok':>4} "
+              f"{'stream wall':>11} {'ttft':>7}")
         for index in range(args.requests):
-            if index % 2 == 0:  # alternate the order: neither side always runs on a warmer machine
-                served.append(through_server(client, url, model, args.prompt, args.max_tokens))
-                local.append(in_process(decoder, args.prompt, args.max_tokens))
-            else:
-                local.append(in_process(decoder, args.prompt, args.max_tokens))
-                served.append(through_server(client, url, model, args.prompt, args.max_tokens))
-            s, p = served[-1], local[-1]
-            print(f"{index:>3} {s['wall']:>10.3f}s {s['ttft']:>6.3f}s {s['tokens']:>4} {p['wall']:>11.3f}s "
-                  f"{p['prefill']:>6.3f}s {p['tokens']:>4}")
-        same = all(s["text"] == p["text"] for s, p in zip(served, local))
+            for run in runs[index % 3:] + runs[: index % 3]:  # rotate the order: no side always runs warmer
+                run()
+            s, p, t = served[-1], local[-1], streamed[-1]
+            print(f"{index:>3} {s['wall']:>10.3f}s {s['ttft']:>6.3f}s {s['tokens']:>4} {p['wall']:>12.3f}s "
+                  f"{p['tokens']:>4} {t['wall']:>10.3f}s {t['ttft']:>6.3f}s")
+        same = all(s["text"] == p["text"] == t["text"] for s, p, t in zip(served, local, streamed))
         server_wall = statistics.median(s["wall"] for s in served)
         local_wall = statistics.median(p["wall"] for p in local)
         tokens = statistics.median(s["tokens"] for s in served)
@@ -126,7 +137,11 @@ def main() -> int:
         print(f"  in-process: {local_wall:.3f}s wall, {tokens / local_wall:.1f} tok/s end to end, "
               f"prefill {statistics.median(p['prefill'] for p in local):.3f}s, "
               f"decode {statistics.median(p['decode_tps'] for p in local):.1f} tok/s")
-        print(f"  server / in-process wall time: {server_wall / local_wall:.3f}x")
+        stream_wall = statistics.median(t["wall"] for t in streamed)
+        print(f"  in-process dec.stream: {stream_wall:.3f}s wall, "
+              f"time to first piece {statistics.median(t['ttft'] for t in streamed):.3f}s")
+        print(f"  server / in-process wall time: {server_wall / local_wall:.3f}x vs dec.generate, "
+              f"{server_wall / stream_wall:.3f}x vs dec.stream (what the server runs)")
         return 0 if same else 1
     finally:
         server.send_signal(signal.SIGINT)

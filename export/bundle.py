@@ -15,6 +15,7 @@ under the destination name and never touches an existing bundle until the new on
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import sys
@@ -233,7 +234,8 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
                                                         progress)
         if draft_source is not None:
             check_specs(specs["target"], specs["draft"])
-        target_tokenizer.save_pretrained(str(staging / "tokenizer"))
+        if not save_tokenizer(target_tokenizer, staging / "tokenizer"):
+            progress("the source tokenizer has no chat template: the bundle generates but cannot chat")
         progress("hashing files")
         manifest = Manifest(
             format_version=FORMAT_VERSION,
@@ -251,6 +253,27 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def save_tokenizer(tokenizer, folder: Path) -> bool:
+    """Write the runtime's tokenizer files into ``folder``, with the chat template when the source has one.
+
+    Hugging Face folders and GGUF files alike: transformers' GGUF loader puts the file's
+    ``tokenizer.chat_template`` into the tokenizer. transformers writes it as ``chat_template.jinja``
+    (or ``chat_templates/`` for several); an older writer that drops it gets it written here.
+    Returns whether the bundle can chat."""
+    tokenizer.save_pretrained(str(folder))
+    template = getattr(tokenizer, "chat_template", None)
+    config = folder / "tokenizer_config.json"
+    written = (folder / "chat_template.jinja").is_file() or (folder / "chat_templates").is_dir() or (
+        config.is_file() and "chat_template" in json.loads(config.read_text(encoding="utf-8")))
+    if isinstance(template, str) and template and not written:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    elif isinstance(template, dict) and template and not written:
+        (folder / "chat_templates").mkdir()
+        for name, text in template.items():
+            (folder / "chat_templates" / f"{name}.jinja").write_text(text, encoding="utf-8")
+    return bool(template)
 
 
 def _swap_into_place(staging: Path, out: Path) -> None:

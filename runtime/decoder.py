@@ -135,6 +135,18 @@ class SpeculativeDecoder:
                              stats=stats if stats is not None else GenerationStats())
         return TextStream(self._pieces(state), state)
 
+    def chat(self, messages, **options) -> GenerationResult:
+        """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token."""
+        from .chat import chat
+
+        return chat(self, messages, **options)
+
+    def stream_chat(self, messages, **options) -> "TextStream":
+        """``stream`` on the bundle's chat template around ``messages``."""
+        from .chat import stream_chat
+
+        return stream_chat(self, messages, **options)
+
     # ----------------------------------------------------------------- the loop
     def _exclusive(self):
         decoder = self

@@ -54,3 +54,36 @@ def long_decoder_bundle_free_runner(tiny_bundle):
     runner = ModelRunner(str(tiny_bundle / spec.onnx_file), spec, "cpu", 2048, 64)
     runner.session.run_with_iobinding = lambda binding: None
     return runner
+
+
+# A chat template in the style of ChatML, on two filler ids of the tiny vocabulary made special tokens
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<extra_121>{{ message['role'] }}\n{{ message['content'] }}<extra_120>\n{% endfor %}"
+    "{% if add_generation_prompt %}<extra_121>assistant\n{% endif %}"
+)
+TINY_END_OF_TURN = "<extra_120>"
+
+
+@pytest.fixture(scope="session")
+def chat_bundle(tiny_bundle, tmp_path_factory):
+    """The tiny bundle whose tokenizer got a chat template, written by the exporter's save_tokenizer
+    (the step export_bundle runs) and re-hashed into the manifest: a second export would cost minutes."""
+    pytest.importorskip("transformers")
+    import dataclasses
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from specdec.export.bundle import hash_tree, save_tokenizer
+    from specdec.runtime.manifest import MANIFEST_NAME, Manifest
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-chat"
+    shutil.copytree(tiny_bundle, out)
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<extra_120>", "<extra_121>"]})
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    shutil.rmtree(out / "tokenizer")
+    assert save_tokenizer(tokenizer, out / "tokenizer")
+    manifest = dataclasses.replace(Manifest.read(out), files=hash_tree(out))
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return out

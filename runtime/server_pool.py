@@ -1,0 +1,176 @@
+"""A pool of decoder workers for the server: N threads, one forked decoder each, one bounded wait queue.
+
+Every worker's decoder is ``decoder.fork()`` of one loaded decoder: all share ONE set of onnxruntime
+sessions (the weights are in memory once) and own their KV caches and IO bindings, so N concurrent
+streams cost N caches, not N models. A request is a *job*: a function ``work(decoder)`` returning an
+iterator (e.g. ``decoder.stream(...)``); the worker forwards each item to the job's asyncio queue.
+Cancelling a job (client gone, shutdown) makes its worker close the iterator after the current item
+(``decoder.stream`` stops between rounds) and take the next job. Boundary: no HTTP here (server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+
+class PoolBusy(RuntimeError):
+    """Every worker is busy and the wait queue is full (HTTP 429)."""
+
+
+class PoolClosed(RuntimeError):
+    """The pool is shutting down and takes no new jobs (HTTP 503)."""
+
+
+class JobCancelled(RuntimeError):
+    """The job was cancelled (client disconnect or shutdown) before it finished."""
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    workers: int = 1  # concurrent generations (each a KV cache; the sessions are shared)
+    max_queue: int = 16  # requests that may wait for a worker; more are refused (429)
+
+    def __post_init__(self):
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {self.workers!r}")
+        if isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise ValueError(f"max_queue must be an integer >= 0, got {self.max_queue!r}")
+
+
+END = object()  # what Job.get returns after the last item
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class Job:
+    """One request's work and the asyncio side of its results."""
+
+    def __init__(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop):
+        self.work = work
+        self.loop = loop
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.submitted = time.monotonic()
+        self.started: float | None = None  # when a worker took it
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    async def get(self):
+        """The next item, or ``END`` after the last; the worker's exception (or JobCancelled) is raised here."""
+        item = await self.items.get()
+        if item is END or isinstance(item, _Failure):
+            self.items.put_nowait(item)  # stay at the end for any later call
+            if item is not END:
+                raise item.error
+        return item
+
+    def _put(self, item) -> None:  # from the worker thread
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+class DecoderPool:
+    """``options.workers`` threads, each with its own fork of ``decoder``; a FIFO queue of jobs."""
+
+    def __init__(self, decoder, options: PoolOptions | None = None):
+        self.options = options or PoolOptions()
+        self.decoder = decoder
+        self.decoders = [decoder] + [decoder.fork() for _ in range(self.options.workers - 1)]
+        self._jobs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._active: set = set()
+        self.waiting = 0  # jobs queued, not yet taken by a worker
+        self.busy = 0  # workers running a job
+        self.closed = False
+        self.cancelled_jobs = 0
+        self._threads = [threading.Thread(target=self._serve, args=(d,), name=f"specdec-worker-{i}", daemon=True)
+                         for i, d in enumerate(self.decoders)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop | None = None) -> Job:
+        """Queue ``work``; PoolBusy when every worker is busy and ``max_queue`` jobs already wait."""
+        job = Job(work, loop or asyncio.get_running_loop())
+        with self._lock:
+            if self.closed:
+                raise PoolClosed("the server is shutting down")
+            if self.waiting + self.busy >= self.options.workers + self.options.max_queue:
+                raise PoolBusy(f"all {self.options.workers} workers are busy and {self.waiting} requests wait "
+                               f"(--max-queue {self.options.max_queue})")
+            self.waiting += 1
+            self._active.add(job)
+        self._jobs.put(job)
+        return job
+
+    def _serve(self, decoder) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._lock:
+                self.waiting -= 1
+                self.busy += 1
+            job.started = time.monotonic()
+            try:
+                self._run(job, decoder)
+            finally:
+                with self._lock:
+                    self.busy -= 1
+                    self._active.discard(job)
+                    self._idle.notify_all()
+
+    def _run(self, job: Job, decoder) -> None:
+        if job.cancelled.is_set():
+            self._count_cancel()
+            job._put(_Failure(JobCancelled("cancelled before it started")))
+            return
+        try:
+            items = job.work(decoder)
+            stopped = False
+            try:
+                for item in items:
+                    job._put(item)
+                    if job.cancelled.is_set():
+                        stopped = True
+                        break
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()  # a generator stops here, between rounds, and releases the decoder
+            if stopped:
+                self._count_cancel()
+                job._put(_Failure(JobCancelled("cancelled")))
+            else:
+                job._put(END)
+        except Exception as exc:  # reported to the request, never kills the worker
+            job._put(_Failure(exc))
+
+    def _count_cancel(self) -> None:
+        with self._lock:
+            self.cancelled_jobs += 1
+
+    def close(self, grace: float = 10.0) -> None:
+        """Refuse new jobs; let running and queued ones finish for ``grace`` seconds, cancel the rest; stop."""
+        with self._lock:
+            self.closed = True
+            deadline = time.monotonic() + grace
+            while self._active and time.monotonic() < deadline:
+                self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))
+            for job in self._active:
+                job.cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)

@@ -1,0 +1,87 @@
+"""Ray Serve: two replicas of the OpenAI server on a local Ray instance (127.0.0.1, dashboard and usage stats off)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny-chat"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_options_validated():
+    """Bad replica settings are refused with the field named."""
+    from specdec.runtime.ray_serve import RayOptions
+
+    with pytest.raises(ValueError, match="replicas"):
+        RayOptions(bundle="b", model_name="m", replicas=0)
+    with pytest.raises(ValueError, match="max_replicas"):
+        RayOptions(bundle="b", model_name="m", replicas=2, max_replicas=1)
+    assert RayOptions(bundle="b", model_name="m", replicas=1, max_replicas=3, workers=2).scaling() == {
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}}
+
+
+def test_two_replicas_answer_like_the_decoder(chat_bundle):
+    """`specdec serve --ray --replicas 2` on a local Ray instance (node address 127.0.0.1, dashboard and usage
+    statistics off): both replicas answer the OpenAI routes, greedy answers equal dec.generate / chat, and
+    Ctrl-C stops everything. (~30-60 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
+    from specdec import SpeculativeDecoder
+    from specdec.runtime.chat import chat
+
+    decoder = SpeculativeDecoder.load(chat_bundle)
+    prompts = [f"def g{i}(y):" for i in range(4)]
+    expected = [decoder.generate(p, max_new_tokens=16).text for p in prompts]
+    messages = [{"role": "user", "content": "hi"}]
+    expected_chat = chat(decoder, messages, max_new_tokens=12).text
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specdec.runtime.cli", "serve", str(chat_bundle), "--ray", "--replicas", "2",
+         "--cpus-per-replica", "0.5", "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 150
+        pids = set()
+        while len(pids) < 2 and time.monotonic() < deadline:  # bounded: until both replicas have answered
+            assert process.poll() is None, process.stdout.read()
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                health = httpx.get(f"{url}/health", timeout=5)
+                if health.status_code == 200:
+                    pids.add(health.json()["pid"])
+            time.sleep(0.2)
+        assert len(pids) == 2, f"replicas seen: {pids}"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        answers = [client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0).choices[0].text
+                   for p in prompts]
+        assert answers == expected
+        streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                                  stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == expected_chat
+        bad = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "a", "n": 3}, timeout=10)
+        assert bad.status_code == 400 and "n=1" in bad.json()["error"]["message"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    assert process.returncode == 0

@@ -1,0 +1,361 @@
+"""The OpenAI-compatible server: real clients against a live `specdec serve`, and the pool's mechanics.
+
+Everything listens on and talks to 127.0.0.1 only; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny-chat"
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def add(a, b):"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str, process=None, seconds: float = 90.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"server exited: {process.stderr.read()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"server at {url} not healthy within {seconds}s")
+
+
+@pytest.fixture(scope="module")
+def decoder(chat_bundle):
+    from specdec import SpeculativeDecoder
+
+    return SpeculativeDecoder.load(chat_bundle)
+
+
+@pytest.fixture(scope="module")
+def served(chat_bundle):
+    """`specdec serve` in a subprocess on 127.0.0.1 (2 workers, 4 waiting); yields (base url, process)."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specdec.runtime.cli", "serve", str(chat_bundle), "--host", "127.0.0.1", "--port",
+         str(port), "--workers", "2", "--max-queue", "4", "--model-name", MODEL, "--shutdown-grace", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served[0]}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_health_metrics(served):
+    """/v1/models names the served model; /health is ok; /metrics is Prometheus text with the pool gauges."""
+    url = served[0]
+    assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == [MODEL]
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    text = httpx.get(f"{url}/metrics").text
+    assert "# TYPE specdec_queue_depth gauge" in text and "specdec_workers 2" in text
+
+
+def test_openai_client_chat_equals_in_process(client, decoder):
+    """Greedy chat through the official client (plain and streamed) is dec.chat's text, with its token counts."""
+    from specdec.runtime.chat import chat, chat_prompt
+
+    expected = chat(decoder, MESSAGES, max_new_tokens=20)
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0)
+    assert reply.choices[0].message.content == expected.text
+    assert reply.choices[0].finish_reason == ("length" if expected.finish_reason == "length" else "stop")
+    assert reply.usage.prompt_tokens == len(chat_prompt(decoder, MESSAGES).ids)
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert 0.0 <= reply.model_extra["specdec"]["acceptance_rate"] <= 1.0
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+
+
+def test_openai_client_completions_equal_generate(client, decoder):
+    """Greedy /v1/completions (plain and streamed) equals dec.generate, stop strings included."""
+    prompt = "def fib(n):"
+    expected = decoder.generate(prompt, max_new_tokens=24)
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    assert reply.choices[0].text == expected.text
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    streamed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == expected.text
+    stop = expected.text[5:7]
+    if stop:
+        cut = decoder.generate(prompt, max_new_tokens=24, stop=[stop])
+        reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop])
+        assert (reply.choices[0].text, reply.choices[0].finish_reason) == (cut.text, "stop")
+
+
+def test_extensions_and_seeded_sampling(client, decoder):
+    """specdec fields (top_k, min_p, repetition_penalty, num_draft_tokens, proposer, tree) reach the decoder."""
+    from specdec import SamplingConfig
+
+    options = dict(top_k=5, min_p=0.01, repetition_penalty=1.1, num_draft_tokens=3, proposer="draft")
+    expected = decoder.generate("x = ", max_new_tokens=16, seed=7,
+                                sampling=SamplingConfig(temperature=0.8, top_p=0.9, top_k=5, min_p=0.01,
+                                                        repetition_penalty=1.1), num_draft_tokens=3,
+                                proposer="draft")
+    reply = client.completions.create(model=MODEL, prompt="x = ", max_tokens=16, temperature=0.8, top_p=0.9,
+                                      seed=7, extra_body=options)
+    assert reply.choices[0].text == expected.text
+    tree = client.completions.create(model=MODEL, prompt="x = ", max_tokens=16, temperature=0,
+                                     extra_body={"tree": [2, 1]})
+    assert tree.choices[0].text == decoder.generate("x = ", max_new_tokens=16).text
+
+
+def _post(url, payload, path="/v1/chat/completions", raw=None):
+    return httpx.post(f"{url}{path}", content=raw if raw is not None else json.dumps(payload),
+                      headers={"Content-Type": "application/json"}, timeout=30)
+
+
+BASE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("payload, raw, status, named", [
+    (None, "{not json", 400, ["not valid JSON"]),
+    ({**BASE, "temperature": "hot", "max_tokens": "5"}, None, 400, ["temperature", "max_tokens"]),
+    ({**BASE, "temperature": 3.0, "top_p": 0}, None, 400, ["temperature", "top_p"]),
+    ({**BASE, "top_k": -1, "num_draft_tokens": 99}, None, 400, ["top_k", "num_draft_tokens"]),
+    ({**BASE, "logit_bias": {}, "best_of": 2}, None, 400, ["logit_bias: unknown field", "best_of: unknown field"]),
+    ({**BASE, "n": 2}, None, 400, ["n: only n=1"]),
+    ({**BASE, "messages": [{"role": "wizard", "content": "x"}]}, None, 400, ["messages.0.role"]),
+    ({**BASE, "messages": []}, None, 400, ["messages"]),
+    ({**BASE, "max_tokens": 10_000}, None, 400, ["context"]),
+    ({**BASE, "messages": [{"role": "user", "content": "y" * 600}]}, None, 400, ["context"]),
+    ({**BASE, "model": "gpt-4"}, None, 404, ["gpt-4"]),
+])
+def test_bad_requests_named(served, payload, raw, status, named):
+    """Each malformed request gets the right status and an OpenAI error naming every bad field."""
+    response = _post(served[0], payload, raw=raw)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    for word in named:
+        assert word in error["message"], error["message"]
+
+
+def test_bad_completion_prompt_and_client_error(served, client):
+    """The official client raises BadRequestError / NotFoundError with the server's message."""
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt="a", max_tokens=4, temperature=-1)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="nope", prompt="a", max_tokens=4)
+    response = _post(served[0], {"model": MODEL, "prompt": [500], "max_tokens": 2}, path="/v1/completions")
+    assert response.status_code == 400 and "token ids" in response.json()["error"]["message"]
+
+
+def test_concurrent_clients_more_than_workers(served, decoder):
+    """6 concurrent clients on 2 workers (4 may wait) each get their own prompt's greedy completion."""
+    prompts = [f"def f{i}(x):" for i in range(6)]
+    expected = [decoder.generate(p, max_new_tokens=24).text for p in prompts]
+    answers = [None] * len(prompts)
+
+    def ask(index):
+        local = openai.OpenAI(base_url=f"{served[0]}/v1", api_key="unused", max_retries=0, timeout=60)
+        answers[index] = local.completions.create(model=MODEL, prompt=prompts[index], max_tokens=24,
+                                                  temperature=0).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert answers == expected
+
+
+# ----------------------------------------------------------------------------- in-process server, slow decoder
+class SlowDecoder:
+    """A decoder whose stream sleeps after each piece: long generations on a tiny model, for pool mechanics."""
+
+    def __init__(self, inner, delay: float):
+        self.inner, self.delay = inner, delay
+
+    def fork(self):
+        return SlowDecoder(self.inner.fork(), self.delay)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def stream(self, *args, **kwargs):
+        for piece in self.inner.stream(*args, **kwargs):
+            time.sleep(self.delay)
+            yield piece
+
+
+@contextlib.contextmanager
+def _uvicorn(app, grace: float = 1.0):
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        _wait_healthy(url, seconds=30)
+        yield url, server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture
+def slow_server(decoder):
+    """One worker, no waiting room, a stream that takes ~10 s unless cancelled."""
+    from specdec.runtime.server import ServerOptions, create_app
+    from specdec.runtime.server_pool import DecoderPool, PoolOptions
+
+    pool = DecoderPool(SlowDecoder(decoder.fork(), 0.05), PoolOptions(workers=1, max_queue=0))
+    with _uvicorn(create_app(pool, ServerOptions(model_name=MODEL, shutdown_grace=1.0))) as (url, server):
+        yield url, pool, server
+
+
+LONG = {"model": MODEL, "prompt": "a", "max_tokens": 200, "temperature": 0, "stream": True}
+
+
+def _busy(url) -> int:
+    return httpx.get(f"{url}/health", timeout=5).json()["busy"]
+
+
+def _wait(condition, seconds=10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_full_queue_429_and_disconnect_frees_the_worker(slow_server, decoder):
+    """With the one worker streaming, a second request gets 429 + Retry-After; when the streaming client
+    disconnects, its generation is cancelled, the worker is free again and the next request is answered."""
+    url, pool, _ = slow_server
+    with httpx.Client(timeout=30) as streaming:
+        with streaming.stream("POST", f"{url}/v1/completions", json=LONG) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            busy = _post(url, {**LONG, "stream": False, "max_tokens": 2}, path="/v1/completions")
+            assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
+            assert "busy" in busy.json()["error"]["message"]
+        # leaving the block closes the connection mid-stream
+    assert _wait(lambda: _busy(url) == 0, seconds=5), "the disconnected stream still holds the worker"
+    assert pool.cancelled_jobs == 1
+    answer = _post(url, {**LONG, "stream": False, "max_tokens": 3}, path="/v1/completions")
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["text"] == decoder.generate("a", max_new_tokens=3).text
+    assert "specdec_cancelled_total 1" in httpx.get(f"{url}/metrics").text
+
+
+def test_non_streaming_client_that_gives_up_frees_the_worker(slow_server):
+    """A non-streaming client that times out and closes its connection cancels the generation too."""
+    url, pool, _ = slow_server
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/completions", json={**LONG, "stream": False}, timeout=1.0)
+    assert _wait(lambda: _busy(url) == 0, seconds=5), "the abandoned request still holds the worker"
+    assert pool.cancelled_jobs == 1
+
+
+def test_shutdown_cancels_what_outlives_the_grace(slow_server):
+    """Shutdown waits the grace period, then cancels the running stream; the pool's worker ends."""
+    url, pool, server = slow_server
+    seen = []
+
+    def consume():
+        with contextlib.suppress(httpx.HTTPError):
+            with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=30) as response:
+                for line in response.iter_lines():
+                    seen.append(line)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    assert _wait(lambda: len(seen) > 1, seconds=10)
+    started = time.monotonic()
+    server.should_exit = True
+    reader.join(timeout=20)
+    assert not reader.is_alive() and time.monotonic() - started < 8  # ~1 s grace, not the 10 s stream
+    assert _wait(lambda: pool.closed and pool.busy == 0, seconds=10)
+    assert not any("[DONE]" in line for line in seen)  # cancelled, not silently completed
+
+
+def test_sigterm_lets_a_short_request_finish(served):
+    """SIGTERM: an in-flight short stream still completes ([DONE]); the process exits within the grace."""
+    url, process = served
+    lines = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30,
+                      json={**BASE, "max_tokens": 30, "stream": True}) as response:
+        iterator = response.iter_lines()
+        lines.append(next(iterator))
+        process.send_signal(signal.SIGTERM)
+        lines.extend(iterator)
+    assert lines[-1] == "data: [DONE]" or lines[-2:] == ["data: [DONE]", ""]
+    process.wait(timeout=20)
+
+
+def test_pool_shares_sessions_and_bounds_the_queue(decoder):
+    """Workers are forks sharing one set of onnxruntime sessions; submissions beyond workers + max_queue
+    raise PoolBusy; options are validated."""
+    import asyncio
+
+    from specdec.runtime.server_pool import END, DecoderPool, PoolBusy, PoolOptions
+
+    with pytest.raises(ValueError, match="workers"):
+        PoolOptions(workers=0)
+    with pytest.raises(ValueError, match="max_queue"):
+        PoolOptions(max_queue=-1)
+    pool = DecoderPool(decoder.fork(), PoolOptions(workers=2, max_queue=1))
+    try:
+        first, second = pool.decoders
+        assert first.target.session is second.target.session and first.draft.session is second.draft.session
+        assert first.target is not second.target  # own caches
+        release = threading.Event()
+
+        def blocked(dec):
+            release.wait(timeout=10)
+            yield dec is not None
+
+        async def scenario():
+            jobs = [pool.submit(blocked) for _ in range(3)]
+            with pytest.raises(PoolBusy):
+                pool.submit(blocked)
+            release.set()
+            return [[await job.get(), await job.get()] for job in jobs]
+
+        assert asyncio.run(asyncio.wait_for(scenario(), timeout=20)) == [[True, END]] * 3
+    finally:
+        pool.close(grace=5)

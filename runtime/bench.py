@@ -18,7 +18,7 @@ from .cost_model import expected_speedup
 
 
 def add_bench_parser(commands) -> None:
-    from .cli import add_load_args
+    from .cli_args import add_load_args
 
     bench = commands.add_parser("bench", help="speculative vs target-only on a prompt set")
     bench.add_argument("bundle")

@@ -1,36 +1,15 @@
-"""``specdec``: a thin argv front over the runtime (generate, chat, serve, bench, demo)."""
+"""``specdec``: a thin argv front over the runtime (generate, chat, serve, bench); ``specdec.cli`` adds demo."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-
-def _draft_tokens(value: str):
-    return value if value == "auto" else int(value)
+from .cli_args import _draft_tokens, add_load_args, add_sampling_args
 
 
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--acceptance", default="coupled", choices=["coupled", "rejection"],
-                        help="sampled proposals: coupled (seeded output = target-only's, the default) or rejection "
-                             "(modified rejection sampling)")
-
-
-def add_load_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "tensorrt-native"])
-    parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default 2048)")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extensions=()) -> argparse.ArgumentParser:
+    """``extensions``: (name, add_parser(commands), handler(args)) for commands outside the runtime (``specdec demo``)."""
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with a specdec bundle.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -62,13 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(commands, add_load_args)
 
-    demo = commands.add_parser("demo", help="export the default real pair if needed, complete code, compare speeds")
-    demo.add_argument("--bundle", default=None, help="bundle folder (default: the cache's qwen2.5-coder-int4)")
-    demo.add_argument("--max-new-tokens", type=int, default=128)
-
     from .bench import add_bench_parser
 
     add_bench_parser(commands)
+    for _, add_parser, _ in extensions:
+        add_parser(commands)
     return parser
 
 
@@ -155,14 +132,13 @@ def cmd_chat(args) -> int:
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv=None, extensions=()) -> int:
+    args = build_parser(extensions).parse_args(argv)
     from .bench import cmd_bench
-    from .demo import cmd_demo
     from .serve_cli import cmd_serve
 
-    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench,
-                "demo": cmd_demo}
+    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench}
+    handlers.update({name: handler for name, _, handler in extensions})
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

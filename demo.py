@@ -1,4 +1,4 @@
-"""``specdec demo``: the main job on the default real pair, end to end.
+"""``specdec demo``: the main job on the default real pair, end to end (runtime + export: lives above both).
 
 Exports the pinned Qwen2.5-Coder pair as int4 the first time (needs the ``[export,pair]``
 extras), then completes a code prompt with speculative decoding and with target-only
@@ -34,9 +34,15 @@ def ensure_bundle(bundle: Path) -> None:
     export_bundle(ExportOptions(target=str(target), draft=str(draft), out=bundle, quant="int4"), progress)
 
 
+def add_demo_parser(commands) -> None:
+    demo = commands.add_parser("demo", help="export the default real pair if needed, complete code, compare speeds")
+    demo.add_argument("--bundle", default=None, help="bundle folder (default: the cache's qwen2.5-coder-int4)")
+    demo.add_argument("--max-new-tokens", type=int, default=128)
+
+
 def cmd_demo(args) -> int:
-    from .decoder import SpeculativeDecoder
-    from .sampling import SamplingConfig
+    from specdec.runtime.decoder import SpeculativeDecoder
+    from specdec.runtime.sampling import SamplingConfig
 
     bundle = Path(args.bundle) if args.bundle else default_bundle()
     ensure_bundle(bundle)

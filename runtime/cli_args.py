@@ -1,0 +1,29 @@
+"""Argument groups shared by the runtime's commands (generate, chat, serve, bench)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _draft_tokens(value: str):
+    return value if value == "auto" else int(value)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--acceptance", default="coupled", choices=["coupled", "rejection"],
+                        help="sampled proposals: coupled (seeded output = target-only's, the default) or rejection "
+                             "(modified rejection sampling)")
+
+
+def add_load_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "tensorrt-native"])
+    parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default 2048)")
+    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")

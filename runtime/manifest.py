@@ -28,16 +28,120 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
+TENSOR_DTYPES = ("bool", "int32", "int64", "float32", "float16", "bfloat16")  # numpy names the contract may use
+MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights and KV cache
+QUANTS = ("none", "int4", "int8", "int4-qdq")
+LOGITS_DTYPE = "float32"  # the runtime binds a float32 logits buffer
+# onnxruntime's element type strings (NodeArg.type) for the numpy names above
+ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
+             "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
 
 
 class BundleError(ValueError):
     """A bundle is missing, malformed, tampered with or incompatible."""
+
+
+# -- field checks: each takes (value, where) and returns the value in its Python form or raises BundleError --
+
+def _shown(value) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fail(where: str, wanted: str, value):
+    raise BundleError(f"{where} must be {wanted}, got {_shown(value)}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(value, where):
+    return value if _is_int(value) and value > 0 else _fail(where, "a positive integer", value)
+
+
+def token_id(value, where):
+    return value if _is_int(value) and value >= 0 else _fail(where, "a token id (an integer >= 0)", value)
+
+
+def text(value, where):
+    return value if isinstance(value, str) and value else _fail(where, "a non-empty string", value)
+
+
+def relative_path(value, where):
+    """A path string; whether it stays inside the bundle is checked where it is opened (bundle.inside)."""
+    return value if isinstance(value, str) and value else _fail(where, "a path relative to the bundle", value)
+
+
+def one_of(choices):
+    def check(value, where):
+        return value if isinstance(value, str) and value in choices else _fail(where, f"one of {', '.join(choices)}", value)
+    return check
+
+
+def optional(check):
+    def optional_check(value, where):
+        return None if value is None else check(value, where)
+    return optional_check
+
+
+def tuple_of(check):
+    def tuple_check(value, where):
+        if not isinstance(value, (list, tuple)):
+            _fail(where, "a list", value)
+        return tuple(check(item, f"{where}[{index}]") for index, item in enumerate(value))
+    return tuple_check
+
+
+def _dimension(value, where):
+    if (_is_int(value) and value > 0) or (isinstance(value, str) and value):
+        return value
+    return _fail(where, "a positive integer or a dimension name", value)
+
+
+def _record(cls, checks: dict):
+    """A check building ``cls`` from a dict (or passing a ``cls`` through) whose every key is checked."""
+    def check(value, where):
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            _fail(where, "an object", value)
+        unknown = sorted(set(value) - set(checks))
+        if unknown:
+            raise BundleError(f"{where} has unknown fields {unknown}")
+        missing = [name for name in checks if name not in value]
+        if missing:
+            raise BundleError(f"{where}.{missing[0]} is missing")
+        return cls(**{name: checks[name](value[name], f"{where}.{name}") for name in checks})
+    return check
+
+
+def sha256_hex(value, where):
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value):
+        return value
+    return _fail(where, "a sha256 (64 lower-case hex digits)", value)
+
+
+def mapping(key_check, value_check):
+    def check(value, where):
+        if not isinstance(value, dict):
+            _fail(where, "an object", value)
+        return {key_check(k, f"{where} key"): value_check(v, f"{where}[{_shown(k)}]") for k, v in value.items()}
+    return check
+
+
+def anything(value, where):
+    return value
 
 
 @dataclass(frozen=True)
@@ -48,7 +152,10 @@ class TensorSpec:
 
     @staticmethod
     def from_dict(data: dict) -> "TensorSpec":
-        return TensorSpec(name=data["name"], dtype=data["dtype"], shape=tuple(data["shape"]))
+        return TENSOR_SPEC(data, "tensor")
+
+
+TENSOR_SPEC = _record(TensorSpec, {"name": text, "dtype": one_of(TENSOR_DTYPES), "shape": tuple_of(_dimension)})
 
 
 @dataclass(frozen=True)
@@ -57,6 +164,9 @@ class KVNames:
     past_value: str
     new_key: str
     new_value: str
+
+
+KV_NAMES = _record(KVNames, {"past_key": text, "past_value": text, "new_key": text, "new_value": text})
 
 
 @dataclass(frozen=True)
@@ -82,27 +192,135 @@ class ModelSpec:
     pad_token_id: int | None
 
     def __post_init__(self):
-        if self.role not in ROLES:
-            raise BundleError(f"model role {self.role!r} is not one of {ROLES}")
-        if len(self.kv) != self.num_layers:
-            raise BundleError(f"{self.role}: {len(self.kv)} KV name sets for {self.num_layers} layers")
+        prefix = self.role if self.role in ROLES else "model"
+        for name, check in MODEL_FIELDS.items():  # typed and range-checked, lists become tuples
+            if hasattr(self, name):
+                object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
+        _check_geometry(self)
 
     @property
     def has_sliding_mask(self) -> bool:
         return any(spec.name == "sliding_attention_mask" for spec in self.inputs)
 
     @staticmethod
-    def from_dict(data: dict) -> "ModelSpec":
-        data = dict(data)
-        data["inputs"] = tuple(TensorSpec.from_dict(d) for d in data["inputs"])
-        data["outputs"] = tuple(TensorSpec.from_dict(d) for d in data["outputs"])
-        data["kv"] = tuple(KVNames(**d) for d in data["kv"])
-        data["eos_token_ids"] = tuple(data["eos_token_ids"])
+    def from_dict(data: dict, where: str = "model") -> "ModelSpec":
+        if not isinstance(data, dict):
+            _fail(where, "an object", data)
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         unknown = set(data) - known
         if unknown:
-            raise BundleError(f"manifest model entry has unknown fields {sorted(unknown)}")
-        return ModelSpec(**data)
+            raise BundleError(f"{where} has unknown fields {sorted(unknown)}")
+        required = [f.name for f in dataclasses.fields(ModelSpec)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise BundleError(f"{where}.{missing[0]} is missing")
+        checked = {name: MODEL_FIELDS.get(name, anything)(value, f"{where}.{name}") for name, value in data.items()}
+        if checked["role"] != where and where in ROLES:
+            raise BundleError(f"{where}.role is {_shown(checked['role'])}: the {where} section must hold the {where}")
+        return ModelSpec(**checked)
+
+
+# One line per ModelSpec field (a new field needs a line here; tests/test_bundle_integrity.py checks it).
+MODEL_FIELDS = {
+    "role": one_of(ROLES),
+    "architecture": text,
+    "onnx_file": relative_path,
+    "inputs": tuple_of(TENSOR_SPEC),
+    "outputs": tuple_of(TENSOR_SPEC),
+    "kv": tuple_of(KV_NAMES),
+    "num_layers": positive_int,
+    "num_kv_heads": positive_int,
+    "head_dim": positive_int,
+    "hidden_size": positive_int,
+    "vocab_size": positive_int,
+    "max_positions": positive_int,
+    "kv_dtype": one_of(MODEL_DTYPES),
+    "dtype": one_of(MODEL_DTYPES),
+    "quant": one_of(QUANTS),
+    "sliding_window": optional(positive_int),
+    "bos_token_id": optional(token_id),
+    "eos_token_ids": tuple_of(token_id),
+    "pad_token_id": optional(token_id),
+}
+
+
+def _kv_dims(shape: tuple) -> tuple:
+    """The fixed (integer) dimensions of a KV tensor, in order: (kv_heads, head_dim) in any layout."""
+    return tuple(d for d in shape if isinstance(d, int))
+
+
+def _check_geometry(spec: "ModelSpec") -> None:
+    """The manifest agrees with itself: layer count, token ids, and the logits/KV tensors vs the sizes."""
+    role = spec.role
+    if len(spec.kv) != spec.num_layers:
+        raise BundleError(f"{role}.kv has {len(spec.kv)} name sets for num_layers {spec.num_layers}")
+    for key in ("bos_token_id", "pad_token_id"):
+        value = getattr(spec, key)
+        if value is not None and value >= spec.vocab_size:
+            raise BundleError(f"{role}.{key} {value} is not below vocab_size {spec.vocab_size}")
+    if any(t >= spec.vocab_size for t in spec.eos_token_ids):
+        raise BundleError(f"{role}.eos_token_ids {list(spec.eos_token_ids)} are not all below vocab_size {spec.vocab_size}")
+    inputs = {t.name: t for t in spec.inputs}
+    outputs = {t.name: t for t in spec.outputs}
+    for names, where in ((inputs, "inputs"), (outputs, "outputs")):
+        if len(names) != len(getattr(spec, where)):
+            raise BundleError(f"{role}.{where} names a tensor twice")
+    logits = outputs.get("logits")
+    if logits is None:
+        raise BundleError(f"{role}.outputs has no logits tensor")
+    if logits.dtype != LOGITS_DTYPE:
+        raise BundleError(f"{role}.outputs logits has dtype {logits.dtype}; the runtime reads {LOGITS_DTYPE} logits")
+    if not logits.shape or logits.shape[-1] != spec.vocab_size:
+        raise BundleError(f"{role}.vocab_size is {spec.vocab_size} but the logits tensor has shape {list(logits.shape)}")
+    for layer, names in enumerate(spec.kv):
+        for name, table, where in ((names.past_key, inputs, "inputs"), (names.past_value, inputs, "inputs"),
+                                   (names.new_key, outputs, "outputs"), (names.new_value, outputs, "outputs")):
+            tensor = table.get(name)
+            if tensor is None:
+                raise BundleError(f"{role}.kv[{layer}] names {name!r}, which {role}.{where} does not have")
+            if tensor.dtype != spec.kv_dtype:
+                raise BundleError(f"{role}.kv_dtype is {spec.kv_dtype} but {name} has dtype {tensor.dtype}")
+            if _kv_dims(tensor.shape) != (spec.num_kv_heads, spec.head_dim):
+                raise BundleError(f"{role}.num_kv_heads {spec.num_kv_heads} / head_dim {spec.head_dim} do not match "
+                                  f"{name} of shape {list(tensor.shape)}")
+
+
+def check_graph(spec: ModelSpec, graph_inputs, graph_outputs) -> None:
+    """The ONNX graph declares exactly the manifest's tensors: names, ranks, element types, fixed sizes.
+
+    ``graph_inputs`` / ``graph_outputs``: onnxruntime ``session.get_inputs()`` / ``get_outputs()``
+    (objects with ``name``, ``type``, ``shape``). Cheap: reads only the graph's declarations. A
+    dimension is compared only where both sides fix it (the graph may leave any one symbolic).
+    """
+    for kind, declared, actual in (("input", spec.inputs, graph_inputs), ("output", spec.outputs, graph_outputs)):
+        want = {t.name: t for t in declared}
+        have = {arg.name: arg for arg in actual}
+        if set(want) != set(have):
+            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+            raise BundleError(f"{spec.role} ONNX {kind}s disagree with manifest.json (manifest-only: {missing[:3]}, "
+                              f"graph-only: {extra[:3]}): the bundle is corrupt")
+        for name, tensor in want.items():
+            arg = have[name]
+            if len(arg.shape) != len(tensor.shape):
+                raise BundleError(f"{spec.role} ONNX {kind}s disagree with manifest.json: {name} has rank "
+                                  f"{len(arg.shape)} in the graph, {len(tensor.shape)} in manifest.json")
+            if arg.type != ORT_TYPES.get(tensor.dtype):
+                raise BundleError(f"{spec.role} ONNX {kind} {name} is {arg.type} in the graph but {tensor.dtype} in "
+                                  "manifest.json: the bundle is corrupt")
+            for axis, (graph_dim, manifest_dim) in enumerate(zip(arg.shape, tensor.shape)):
+                if _is_int(graph_dim) and _is_int(manifest_dim) and graph_dim != manifest_dim:
+                    raise BundleError(f"{spec.role} ONNX {kind} {name} has size {graph_dim} on axis {axis} in the "
+                                      f"graph but {manifest_dim} in manifest.json: the bundle is corrupt")
+
+
+def format_version(value, where):
+    if not _is_int(value) or value < 1:
+        _fail(where, "a positive integer", value)
+    if value > FORMAT_VERSION:
+        raise BundleError(f"bundle format version {value} is newer than this specdec supports ({FORMAT_VERSION}): "
+                          "upgrade specdec")
+    return value
 
 
 @dataclass(frozen=True)
@@ -124,30 +342,24 @@ class Manifest:
 
     @staticmethod
     def from_json(text: str) -> "Manifest":
+        """Parse and check every field; a problem is one BundleError line naming the field."""
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"manifest.json is not valid JSON: {exc}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{MANIFEST_NAME} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or "format_version" not in data:
-            raise BundleError("manifest.json has no format_version: not a specdec bundle")
-        version = data["format_version"]
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise BundleError(
-                f"bundle format version {version} is newer than this specdec supports ({FORMAT_VERSION}): upgrade specdec"
-            )
+            raise BundleError(f"{MANIFEST_NAME} has no format_version: not a specdec bundle")
         try:
-            return Manifest(
-                format_version=version,
-                target=ModelSpec.from_dict(data["target"]),
-                draft=ModelSpec.from_dict(data["draft"]) if data.get("draft") else None,
-                tokenizer_file=data["tokenizer_file"],
-                files=dict(data.get("files", {})),
-                tools=dict(data.get("tools", {})),
-                extra=dict(data.get("extra", {})),
-                engines=dict(data.get("engines", {})),
-            )
-        except (KeyError, TypeError) as exc:
-            raise BundleError(f"manifest.json is malformed: {exc!r}") from None
+            format_version(data["format_version"], "format_version")  # first: a newer bundle may differ in all else
+            unknown = sorted(set(data) - set(MANIFEST_FIELDS))
+            if unknown:
+                raise BundleError(f"unknown top-level fields {unknown}")
+            for name in ("target", "tokenizer_file"):
+                if name not in data:
+                    raise BundleError(f"{name} is missing")
+            return Manifest(**{name: MANIFEST_FIELDS[name](value, name) for name, value in data.items()})
+        except BundleError as exc:
+            raise BundleError(f"{MANIFEST_NAME}: {exc}") from None
 
     @staticmethod
     def read(bundle_dir: str | Path) -> "Manifest":
@@ -156,7 +368,23 @@ class Manifest:
             raise BundleError(f"bundle folder {bundle_dir} does not exist")
         if not path.is_file():
             raise BundleError(f"{path} is missing: not a specdec bundle (export one with specdec-export)")
-        return Manifest.from_json(path.read_text())
+        try:
+            return Manifest.from_json(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"{MANIFEST_NAME} is not valid UTF-8 text: {exc}") from None
+
+
+# One line per Manifest field.
+MANIFEST_FIELDS = {
+    "format_version": format_version,
+    "target": lambda value, where: ModelSpec.from_dict(value, where),
+    "draft": optional(lambda value, where: ModelSpec.from_dict(value, where)),
+    "tokenizer_file": relative_path,
+    "files": mapping(relative_path, sha256_hex),
+    "tools": mapping(text, anything),
+    "extra": mapping(text, anything),
+    "engines": mapping(one_of(ROLES), mapping(text, anything)),
+}
 
 
 def kv_names(num_layers: int) -> tuple:

@@ -121,14 +121,14 @@ def draftless_bundle(tiny_bundle, tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--draft-tokens", "0", "--trees", "2,1"), "mode tree:2,1: tree drafting needs a draft model"),
-    (("--draft-tokens", "0,2"), "mode 2: this bundle has no draft model"),
+    (("--draft-tokens", "0", "--trees", "2,1"), "mode tree:2,1: "),
+    (("--draft-tokens", "0,2"), "mode 2: "),
 ])
 def test_modes_the_bundle_cannot_run_are_refused_before_the_first_run(draftless_bundle, tmp_path, capsys, extra,
                                                                        message):
     code, err = run_bench_cli(capsys, draftless_bundle, write_prompts(tmp_path, GOOD), "--out", tmp_path / "out",
                               *extra)
-    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert code == 2 and err.count("\n") == 1 and message in err and "draft model" in err, err
     assert "calibrating" not in err and not (tmp_path / "out" / "bench.json").exists()
 
 

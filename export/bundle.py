@@ -7,30 +7,58 @@ Layout of a bundle::
     target/model.onnx      + model.onnx.data (external weights)
     draft/model.onnx       + model.onnx.data
 
-Everything is written into a hidden staging folder beside the destination and renamed into
-place only when complete, so an interrupted or failed export never leaves a half bundle
-under the destination name and never touches an existing bundle until the new one is whole.
+Everything is written into a hidden staging folder beside the destination
+(``.OUT.partial-PID``) and swapped into place only when complete, so an interrupted or failed
+export never leaves a half bundle under the destination name and never touches an existing
+bundle until the new one is whole. ``--out`` is replaced only when it is a specdec bundle
+holding nothing but bundle files; any other folder is refused and left untouched. Staging
+folders of export processes that no longer run are removed by the next export to the same
+place. Everything that can be checked without a model (sources, weights files' headers,
+tokenizers, draft/target compatibility, the parity text) is checked before any export starts.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
+import glob
 import os
+import re
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdec.runtime.bundle import sha256_file
 from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 
-from .compat import check_specs, check_tokenizers, special_token_ids
+from .compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
 from .quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, quantize_onnx
-from .sources import DTYPES, ModelSource, SourceError, load_model, load_tokenizer, resolve_source
+from .sources import DTYPES, ModelSource, SourceError, load_configs, load_model, load_tokenizer, resolve_source
 
 PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
 PARITY_EXTRA = " if n < 2: return n"
+
+
+class ExportError(ValueError):
+    """An export failed; the message is one line. ``detail``: the full traceback, when there was one."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
+
+    def __reduce__(self):  # crosses the worker -> parent pipe with its detail
+        return (type(self), (str(self), self.detail))
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """``exc`` as one line: its message, whitespace collapsed, led by its type unless it is one of specdec's."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    if not type(exc).__module__.startswith("specdec"):
+        text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -112,11 +140,107 @@ def tool_versions() -> dict:
     return found
 
 
-def _check_destination(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise SourceError(f"--out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
-        raise SourceError(f"--out {out} is a non-empty folder that is not a specdec bundle: refusing to replace it")
+_LEFTOVER = re.compile(r"^\.[^/]+\.partial-\d+$")  # a file a killed specdec process was writing
+
+
+def _bundle_files(out: Path) -> set | None:
+    """Relative paths a specdec manifest at ``out`` lists (plus manifest.json), or None if it has none.
+
+    Deliberately lenient about the manifest's version and fields (an older bundle may be replaced),
+    strict about what it lists: that list is what decides which files are the bundle's.
+    """
+    import json
+
+    try:
+        data = json.loads((out / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("format_version"), int)
+            and isinstance(data.get("target"), dict) and isinstance(data.get("files"), dict)):
+        return None
+    return {MANIFEST_NAME} | {str(key) for key in data["files"]}
+
+
+def check_destination(out: Path) -> None:
+    """Refuse (SourceError, one line) an ``--out`` that is not absent, an empty folder or a specdec bundle.
+
+    A bundle may be replaced only if every file under it is one its manifest lists (or a leftover
+    ``.NAME.partial-PID`` file of a killed specdec process): nothing a user put there is ever deleted.
+    """
+    if out.is_symlink():
+        raise SourceError(f"--out {out} is a symbolic link: give the real folder")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise SourceError(f"--out {out} exists and is not a folder: refusing to replace it")
+    entries = list(out.rglob("*"))
+    if not entries:
+        return
+    listed = _bundle_files(out)
+    if listed is None:
+        raise SourceError(f"--out {out} is a non-empty folder that is not a specdec bundle (no valid {MANIFEST_NAME}): "
+                          "refusing to replace it; choose another --out")
+    folders = {parent.as_posix() for rel in listed for parent in Path(rel).parents if parent != Path(".")}
+    for path in sorted(entries):
+        relative = path.relative_to(out).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            ok = relative in folders
+        else:
+            ok = (relative in listed and not path.is_symlink()) or bool(_LEFTOVER.match(path.name))
+        if not ok:
+            raise SourceError(f"--out {out} holds {relative}, which is not part of the specdec bundle there: "
+                              "refusing to replace it; choose another --out or move that file")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _dead_leftovers(out: Path, kind: str) -> list:
+    """``.OUT.<kind>-PID`` folders beside ``out`` whose export process no longer runs."""
+    found = []
+    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
+        pid = path.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            found.append(path)
+    return found
+
+
+def remove_dead_staging(out: Path, progress=None) -> None:
+    """Clean up after export processes to ``out`` that were killed (never touches a live one's folders).
+
+    ``.OUT.partial-PID``: an unfinished export, or an old bundle swapped out but not yet removed: deleted.
+    ``.OUT.old-PID``: a bundle moved aside by the two-rename fallback swap: put back if ``out`` is missing
+    (the process died between the renames), else deleted.
+    """
+    progress = progress or _silent
+    for path in _dead_leftovers(out, "partial"):
+        progress(f"removing {path.name}, left by an export process that no longer runs")
+        shutil.rmtree(path, ignore_errors=True)
+    for path in _dead_leftovers(out, "old"):
+        if not out.exists():
+            progress(f"restoring {out} from {path.name} (an export process died while replacing it)")
+            os.rename(path, out)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_failure(exc: OSError, where: Path) -> str:
+    """One line for a failed write, naming the path and the free space (numpy's errors name neither)."""
+    try:
+        free = f"{shutil.disk_usage(where if where.exists() else where.parent).free / 1e6:.0f} MB free there"
+    except OSError:
+        free = "free space unknown"
+    path = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    reason = exc.strerror or " ".join(str(exc).split())
+    full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"writing the export under {where.absolute()} failed{full}: {reason}{path}; {free}"
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -129,7 +253,12 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
     from .parity import check_parity, reference_outputs
 
     progress(f"{role}: loading {source.label} ({options.dtype})")
-    model = load_model(source, options.dtype)
+    try:
+        model = load_model(source, options.dtype)
+    except (SourceError, MemoryError):
+        raise
+    except Exception as exc:  # a truncated / corrupt weights file: safetensors, gguf and torch each raise their own
+        raise SourceError(f"cannot load the {role} model from {source.label}: {one_line(exc)}") from None
     special = special_token_ids(model, tokenizer)
     prompt, extra = _encode(tokenizer, PARITY_PROMPT), _encode(tokenizer, PARITY_EXTRA)
     extra = (extra * 5)[:5]
@@ -139,7 +268,10 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
         references = reference_outputs(model, prompt, extra)
     float_dir = staging / (role if options.quant == "none" else f".{role}-float")
     progress(f"{role}: exporting ONNX ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
-    spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
+    try:
+        spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
+    except OSError as exc:
+        raise ExportError(f"{role}: {_write_failure(exc, float_dir)}") from None
     del model
     gc.collect()
     parity = {}
@@ -172,15 +304,26 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     return spec, parity
 
 
-def _die_with_parent() -> None:
-    """Worker initializer: a worker whose exporting parent is killed exits too (Linux prctl)."""
+def _worker_setup() -> None:
+    """In a worker: exit when the exporting parent dies (Linux prctl); leave Ctrl-C to the parent,
+    which stops the worker itself (a worker's own KeyboardInterrupt would print a traceback)."""
     import ctypes
     import signal
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop_worker)  # the parent stops it: unwind, so its resources are released
     try:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+class _WorkerStopped(BaseException):
+    pass
+
+
+def _stop_worker(signum, frame):
+    raise _WorkerStopped()
 
 
 def _silent(message: str) -> None:
@@ -192,48 +335,113 @@ def _for_worker(progress):
     return progress if isinstance(progress, Progress) else _silent
 
 
+def _worker_main(connection, function, args) -> None:
+    """Body of a worker process: run ``function(*args)``, send back ("ok", result) or ("error", ExportError)."""
+    _worker_setup()
+    try:
+        result = ("ok", function(*args))
+    except _WorkerStopped:
+        return  # the parent stopped waiting: nobody to answer
+    except BaseException as exc:  # every failure goes back as one line (+ the traceback for SPECDEC_DEBUG)
+        role = next((a for a in args if a in ("target", "draft")), "export")
+        message = one_line(exc)
+        if not isinstance(exc, (SourceError, ExportError)):
+            message = f"{role}: export failed: {message}"
+        result = ("error", ExportError(message, traceback.format_exc()))
+    gc.collect()  # after a failure: finalize what the failed frames held before exiting
+    try:
+        connection.send(result)
+        connection.close()
+    except (OSError, _WorkerStopped):
+        pass  # the parent is gone or stopped waiting
+
+
 def _isolated(function, *args):
     """Run ``function(*args)`` in a fresh process and return its result.
 
     Each model is loaded, exported and checked in its own process, so everything PyTorch,
     the GGUF loader and the exporter allocated is returned to the system when it ends: the
     next model (and the quantizer) start from a small parent instead of on top of ~8 GB of
-    freed-but-held memory (measured on the 1.5B target).
+    freed-but-held memory (measured on the 1.5B target). A worker's failure comes back as an
+    ExportError of one line; a worker that dies (out of memory) is reported, never waited on
+    forever; an interrupted parent kills its worker.
     """
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(1, initializer=_die_with_parent) as pool:
-        return pool.apply(function, args)
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_worker_main, args=(send, function, args), name="specdec-export-worker")
+    worker.start()
+    send.close()
+    try:
+        try:
+            status, payload = receive.recv()
+        except EOFError:
+            worker.join()
+            raise ExportError(f"the export worker process died (exit code {worker.exitcode}) before finishing: "
+                              "out of memory, or killed") from None
+    finally:
+        receive.close()
+        if worker.is_alive():  # interrupted: stop the worker (SIGTERM lets it release what it holds), then make sure
+            worker.terminate()
+            worker.join(5)
+            if worker.is_alive():
+                worker.kill()
+        worker.join()
+    if status == "error":
+        raise payload
+    return payload
+
+
+def _check_parity_text(role: str, tokenizer) -> None:
+    for text in (PARITY_PROMPT, PARITY_EXTRA):
+        if not _encode(tokenizer, text):
+            raise ExportError(f"the {role} tokenizer encodes the parity text {text!r} to no token ids: "
+                              "the export cannot be checked; fix the tokenizer or pass --no-parity")
 
 
 def export_bundle(options: ExportOptions, progress=None) -> Manifest:
-    """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written."""
+    """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written.
+
+    Raises a ValueError subclass (SourceError, IncompatiblePair, ExportError) with one line on any
+    failure; ``options.out`` is then exactly as it was.
+    """
     progress = progress or Progress()
     started = time.monotonic()
     out = Path(options.out)
-    _check_destination(out)
+    check_destination(out)
     target_source = resolve_source(options.target)
     draft_source = resolve_source(options.draft) if options.draft else None
     progress("loading tokenizers")
-    target_tokenizer = load_tokenizer(target_source)
+    tokenizers = {"target": load_tokenizer(target_source)}
     if draft_source is not None:
-        draft_tokenizer = load_tokenizer(draft_source)
-        check_tokenizers(target_tokenizer, draft_tokenizer)
+        tokenizers["draft"] = load_tokenizer(draft_source)
+        check_tokenizers(tokenizers["target"], tokenizers["draft"])
+        # vocabulary and special tokens from the configs: a mismatch costs seconds here, not two exports
+        check_pair_facts(pair_facts(*load_configs(target_source), tokenizers["target"]),
+                         pair_facts(*load_configs(draft_source), tokenizers["draft"]))
+    if options.parity:
+        for role, tokenizer in tokenizers.items():
+            _check_parity_text(role, tokenizer)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"cannot create the folder for --out {out}: {one_line(exc)}") from None
+    remove_dead_staging(out, progress)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
     try:
+        staging.mkdir()
         specs, parity = {}, {}
         if draft_source is not None:
-            specs["draft"], parity["draft"] = _export_one("draft", draft_source, draft_tokenizer, options, staging,
-                                                          progress)
-        specs["target"], parity["target"] = _export_one("target", target_source, target_tokenizer, options, staging,
-                                                        progress)
+            specs["draft"], parity["draft"] = _export_one("draft", draft_source, tokenizers["draft"], options,
+                                                          staging, progress)
+        specs["target"], parity["target"] = _export_one("target", target_source, tokenizers["target"], options,
+                                                        staging, progress)
         if draft_source is not None:
             check_specs(specs["target"], specs["draft"])
-        target_tokenizer.save_pretrained(str(staging / "tokenizer"))
+        tokenizers["target"].save_pretrained(str(staging / "tokenizer"))
         progress("hashing files")
         manifest = Manifest(
             format_version=FORMAT_VERSION,
@@ -248,19 +456,50 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
         _swap_into_place(staging, out)
+    except OSError as exc:
+        raise ExportError(_write_failure(exc, staging)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
 def _swap_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder to ``out``; an existing bundle is moved aside first, then removed."""
+    """Put the finished staging folder at ``out``; an existing bundle is swapped out, then removed.
+
+    The destination is checked again first (someone may have put files there during the export).
+    With an atomic exchange ``out`` is never missing; the fallback (two renames) leaves the old
+    bundle at ``.OUT.old-PID`` for a moment, which the next export restores if this one dies there.
+    """
     for path in staging.rglob("*"):
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
+    check_destination(out)
+    if not out.exists():
+        os.rename(staging, out)
+        return
+    if _exchange(staging, out):
+        shutil.rmtree(staging, ignore_errors=True)  # now the old bundle
+        return
     old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.rename(out, old)
+    os.rename(out, old)
     os.rename(staging, out)
     shutil.rmtree(old, ignore_errors=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import glob
 import os
 import re
 import shutil
@@ -35,6 +34,7 @@ from specdec.runtime.bundle import sha256_file
 from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 
 from .compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
+from .leftovers import dead_leftovers
 from .quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, quantize_onnx
 from .sources import DTYPES, ModelSource, SourceError, load_configs, load_model, load_tokenizer, resolve_source
 
@@ -192,26 +192,6 @@ def check_destination(out: Path) -> None:
                               "refusing to replace it; choose another --out or move that file")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
-def _dead_leftovers(out: Path, kind: str) -> list:
-    """``.OUT.<kind>-PID`` folders beside ``out`` whose export process no longer runs."""
-    found = []
-    for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-*"):
-        pid = path.name.rsplit("-", 1)[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            found.append(path)
-    return found
-
-
 def remove_dead_staging(out: Path, progress=None) -> None:
     """Clean up after export processes to ``out`` that were killed (never touches a live one's folders).
 
@@ -220,10 +200,10 @@ def remove_dead_staging(out: Path, progress=None) -> None:
     (the process died between the renames), else deleted.
     """
     progress = progress or _silent
-    for path in _dead_leftovers(out, "partial"):
+    for path in dead_leftovers(out, "partial"):
         progress(f"removing {path.name}, left by an export process that no longer runs")
         shutil.rmtree(path, ignore_errors=True)
-    for path in _dead_leftovers(out, "old"):
+    for path in dead_leftovers(out, "old"):
         if not out.exists():
             progress(f"restoring {out} from {path.name} (an export process died while replacing it)")
             os.rename(path, out)

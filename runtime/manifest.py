@@ -334,6 +334,13 @@ class Manifest:
     extra: dict = field(default_factory=dict)  # free notes (parity errors, export time); never read by the runtime
     engines: dict = field(default_factory=dict)  # role -> TensorRT engine record (specdec.engines.records)
 
+    def __post_init__(self):
+        if self.draft is not None:  # acceptance compares the two distributions id by id
+            for key in ("vocab_size", "eos_token_ids"):
+                if getattr(self.draft, key) != getattr(self.target, key):
+                    raise BundleError(f"draft.{key} {_shown(getattr(self.draft, key))} differs from target.{key} "
+                                      f"{_shown(getattr(self.target, key))}: not a draft for this target")
+
     def models(self) -> dict:
         return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
 

@@ -202,6 +202,7 @@ DELETE = object()
     ("target.kv.0.new_key", DELETE, "target.kv[0].new_key is missing"),
     ("target.vocab_size", DELETE, "target.vocab_size is missing"),
     ("target.role", "draft", 'target.role is "draft": the target section must hold the target'),
+    ("draft.eos_token_ids", [2], "draft.eos_token_ids [2] differs from target.eos_token_ids [1]"),
     ("target.colour", "red", "target has unknown fields ['colour']"),
     ("bogus", 1, "unknown top-level fields ['bogus']"),
     ("tokenizer_file", DELETE, "tokenizer_file is missing"),

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .leftovers import dead_leftovers
+from .destination import dead_leftovers
 
 
 @dataclass(frozen=True)

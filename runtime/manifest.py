@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .field_checks import (FieldError, anything, dimension, fail, is_int, mapping, one_of, optional, positive_int, record,
+                           relative_path, sha256_hex, shown, text, token_id, tuple_of)
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -48,102 +50,6 @@ class BundleError(ValueError):
     """A bundle is missing, malformed, tampered with or incompatible."""
 
 
-# -- field checks: each takes (value, where) and returns the value in its Python form or raises BundleError --
-
-def _shown(value) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _fail(where: str, wanted: str, value):
-    raise BundleError(f"{where} must be {wanted}, got {_shown(value)}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def positive_int(value, where):
-    return value if _is_int(value) and value > 0 else _fail(where, "a positive integer", value)
-
-
-def token_id(value, where):
-    return value if _is_int(value) and value >= 0 else _fail(where, "a token id (an integer >= 0)", value)
-
-
-def text(value, where):
-    return value if isinstance(value, str) and value else _fail(where, "a non-empty string", value)
-
-
-def relative_path(value, where):
-    """A path string; whether it stays inside the bundle is checked where it is opened (bundle.inside)."""
-    return value if isinstance(value, str) and value else _fail(where, "a path relative to the bundle", value)
-
-
-def one_of(choices):
-    def check(value, where):
-        return value if isinstance(value, str) and value in choices else _fail(where, f"one of {', '.join(choices)}", value)
-    return check
-
-
-def optional(check):
-    def optional_check(value, where):
-        return None if value is None else check(value, where)
-    return optional_check
-
-
-def tuple_of(check):
-    def tuple_check(value, where):
-        if not isinstance(value, (list, tuple)):
-            _fail(where, "a list", value)
-        return tuple(check(item, f"{where}[{index}]") for index, item in enumerate(value))
-    return tuple_check
-
-
-def _dimension(value, where):
-    if (_is_int(value) and value > 0) or (isinstance(value, str) and value):
-        return value
-    return _fail(where, "a positive integer or a dimension name", value)
-
-
-def _record(cls, checks: dict):
-    """A check building ``cls`` from a dict (or passing a ``cls`` through) whose every key is checked."""
-    def check(value, where):
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, dict):
-            _fail(where, "an object", value)
-        unknown = sorted(set(value) - set(checks))
-        if unknown:
-            raise BundleError(f"{where} has unknown fields {unknown}")
-        missing = [name for name in checks if name not in value]
-        if missing:
-            raise BundleError(f"{where}.{missing[0]} is missing")
-        return cls(**{name: checks[name](value[name], f"{where}.{name}") for name in checks})
-    return check
-
-
-def sha256_hex(value, where):
-    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value):
-        return value
-    return _fail(where, "a sha256 (64 lower-case hex digits)", value)
-
-
-def mapping(key_check, value_check):
-    def check(value, where):
-        if not isinstance(value, dict):
-            _fail(where, "an object", value)
-        return {key_check(k, f"{where} key"): value_check(v, f"{where}[{_shown(k)}]") for k, v in value.items()}
-    return check
-
-
-def anything(value, where):
-    return value
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -152,10 +58,13 @@ class TensorSpec:
 
     @staticmethod
     def from_dict(data: dict) -> "TensorSpec":
-        return TENSOR_SPEC(data, "tensor")
+        try:
+            return TENSOR_SPEC(data, "tensor")
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
 
 
-TENSOR_SPEC = _record(TensorSpec, {"name": text, "dtype": one_of(TENSOR_DTYPES), "shape": tuple_of(_dimension)})
+TENSOR_SPEC = record(TensorSpec, {"name": text, "dtype": one_of(TENSOR_DTYPES), "shape": tuple_of(dimension)})
 
 
 @dataclass(frozen=True)
@@ -166,7 +75,7 @@ class KVNames:
     new_value: str
 
 
-KV_NAMES = _record(KVNames, {"past_key": text, "past_value": text, "new_key": text, "new_value": text})
+KV_NAMES = record(KVNames, {"past_key": text, "past_value": text, "new_key": text, "new_value": text})
 
 
 @dataclass(frozen=True)
@@ -193,9 +102,12 @@ class ModelSpec:
 
     def __post_init__(self):
         prefix = self.role if self.role in ROLES else "model"
-        for name, check in MODEL_FIELDS.items():  # typed and range-checked, lists become tuples
-            if hasattr(self, name):
-                object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
+        try:
+            for name, check in MODEL_FIELDS.items():  # typed and range-checked, lists become tuples
+                if hasattr(self, name):
+                    object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
         _check_geometry(self)
 
     @property
@@ -204,8 +116,15 @@ class ModelSpec:
 
     @staticmethod
     def from_dict(data: dict, where: str = "model") -> "ModelSpec":
+        try:
+            return ModelSpec._from_dict(data, where)
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+
+    @staticmethod
+    def _from_dict(data: dict, where: str) -> "ModelSpec":
         if not isinstance(data, dict):
-            _fail(where, "an object", data)
+            fail(where, "an object", data)
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         unknown = set(data) - known
         if unknown:
@@ -217,7 +136,7 @@ class ModelSpec:
             raise BundleError(f"{where}.{missing[0]} is missing")
         checked = {name: MODEL_FIELDS.get(name, anything)(value, f"{where}.{name}") for name, value in data.items()}
         if checked["role"] != where and where in ROLES:
-            raise BundleError(f"{where}.role is {_shown(checked['role'])}: the {where} section must hold the {where}")
+            raise BundleError(f"{where}.role is {shown(checked['role'])}: the {where} section must hold the {where}")
         return ModelSpec(**checked)
 
 
@@ -309,14 +228,14 @@ def check_graph(spec: ModelSpec, graph_inputs, graph_outputs) -> None:
                 raise BundleError(f"{spec.role} ONNX {kind} {name} is {arg.type} in the graph but {tensor.dtype} in "
                                   "manifest.json: the bundle is corrupt")
             for axis, (graph_dim, manifest_dim) in enumerate(zip(arg.shape, tensor.shape)):
-                if _is_int(graph_dim) and _is_int(manifest_dim) and graph_dim != manifest_dim:
+                if is_int(graph_dim) and is_int(manifest_dim) and graph_dim != manifest_dim:
                     raise BundleError(f"{spec.role} ONNX {kind} {name} has size {graph_dim} on axis {axis} in the "
                                       f"graph but {manifest_dim} in manifest.json: the bundle is corrupt")
 
 
 def format_version(value, where):
-    if not _is_int(value) or value < 1:
-        _fail(where, "a positive integer", value)
+    if not is_int(value) or value < 1:
+        fail(where, "a positive integer", value)
     if value > FORMAT_VERSION:
         raise BundleError(f"bundle format version {value} is newer than this specdec supports ({FORMAT_VERSION}): "
                           "upgrade specdec")
@@ -338,8 +257,8 @@ class Manifest:
         if self.draft is not None:  # acceptance compares the two distributions id by id
             for key in ("vocab_size", "eos_token_ids"):
                 if getattr(self.draft, key) != getattr(self.target, key):
-                    raise BundleError(f"draft.{key} {_shown(getattr(self.draft, key))} differs from target.{key} "
-                                      f"{_shown(getattr(self.target, key))}: not a draft for this target")
+                    raise BundleError(f"draft.{key} {shown(getattr(self.draft, key))} differs from target.{key} "
+                                      f"{shown(getattr(self.target, key))}: not a draft for this target")
 
     def models(self) -> dict:
         return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
@@ -365,7 +284,7 @@ class Manifest:
                 if name not in data:
                     raise BundleError(f"{name} is missing")
             return Manifest(**{name: MANIFEST_FIELDS[name](value, name) for name, value in data.items()})
-        except BundleError as exc:
+        except (BundleError, FieldError) as exc:
             raise BundleError(f"{MANIFEST_NAME}: {exc}") from None
 
     @staticmethod

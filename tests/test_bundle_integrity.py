@@ -247,26 +247,28 @@ def test_geometry_edits_are_refused_at_load_not_at_generate(bundle_copy, path, v
 def _geometry(field, value):
     """Change a size consistently through the whole manifest: only the ONNX graph can tell."""
     def edit(data):
-        spec = data["target"]
-        spec[field] = value
-        for tensor in spec["inputs"] + spec["outputs"]:
-            if field == "vocab_size" and tensor["name"] == "logits":
-                tensor["shape"][-1] = value
-            if tensor["name"].startswith(("past.", "new.")):
-                if field == "kv_dtype":
-                    tensor["dtype"] = value
-                elif field == "num_kv_heads":
-                    tensor["shape"][2] = value
-                elif field == "head_dim":
-                    tensor["shape"][3] = value
+        for role in ("target", "draft"):  # both: the draft must agree with the target on the vocabulary
+            _change(data[role], field, value)
     return edit
 
 
+def _change(spec, field, value):
+    spec[field] = value
+    for tensor in spec["inputs"] + spec["outputs"]:
+        if field == "vocab_size" and tensor["name"] == "logits":
+            tensor["shape"][-1] = value
+        if tensor["name"].startswith(("past.", "new.")):
+            if field == "kv_dtype":
+                tensor["dtype"] = value
+            elif field in ("num_kv_heads", "head_dim"):
+                tensor["shape"][{"num_kv_heads": 2, "head_dim": 3}[field]] = value
+
+
 @pytest.mark.parametrize("field, value, message", [
-    ("vocab_size", 130, "target ONNX output logits has size 128 on axis 2 in the graph but 130 in manifest.json"),
-    ("head_dim", 8, "target ONNX input past.0.key has size 16 on axis 3 in the graph but 8 in manifest.json"),
-    ("num_kv_heads", 4, "target ONNX input past.0.key has size 2 on axis 2 in the graph but 4 in manifest.json"),
-    ("kv_dtype", "float16", "target ONNX input past.0.key is tensor(float) in the graph but float16 in manifest.json"),
+    ("vocab_size", 130, "ONNX output logits has size 128 on axis 2 in the graph but 130 in manifest.json"),
+    ("head_dim", 8, "ONNX input past.0.key has size 16 on axis 3 in the graph but 8 in manifest.json"),
+    ("num_kv_heads", 4, "ONNX input past.0.key has size 2 on axis 2 in the graph but 4 in manifest.json"),
+    ("kv_dtype", "float16", "ONNX input past.0.key is tensor(float) in the graph but float16 in manifest.json"),
 ])
 def test_consistent_geometry_edits_are_caught_by_the_graph_declarations(bundle_copy, field, value, message):
     """The graph's declared shapes and element types are compared with the manifest when the session opens."""

@@ -9,9 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from specdec.export import bundle as bundle_module  # noqa: E402
-from specdec.export.bundle import ExportError, ExportOptions, export_bundle  # noqa: E402
+from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
 from specdec.export.compat import IncompatiblePair  # noqa: E402
+from specdec.export.destination import check_destination, remove_dead_staging  # noqa: E402
 from specdec.export.sources import SourceError, resolve_source  # noqa: E402
+from specdec.export.worker import ExportError, run_isolated  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
 
 
@@ -120,7 +122,7 @@ def test_killed_export_leaves_existing_bundle_intact(tiny_bundle, tiny_pair_dirs
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".bundle.partial-")) == ["bundle"]
     # the next export to the same place removes what the killed one left (its process is gone)
     _wait_for_group_exit(proc.pid)
-    bundle_module.remove_dead_staging(out)
+    remove_dead_staging(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
 
 
@@ -175,8 +177,6 @@ def test_what_may_be_replaced(tiny_bundle, tmp_path):
     a symlink or a bundle with an extra empty folder may not."""
     import shutil
 
-    from specdec.export.bundle import check_destination
-
     out = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, out)
     (out / ".manifest.json.partial-123").write_text("{")
@@ -211,7 +211,7 @@ def test_staging_of_dead_exports_is_removed_and_of_live_ones_kept(tmp_path):
     for folder in (dead, live, other):
         (folder / "target").mkdir(parents=True)
         (folder / "target" / "model.onnx.data").write_bytes(b"x" * 1000)
-    bundle_module.remove_dead_staging(out)
+    remove_dead_staging(out)
     assert not dead.exists() and live.exists() and other.exists() and out.exists()
 
 
@@ -220,7 +220,7 @@ def test_old_bundle_moved_aside_by_a_dead_export_is_restored(tmp_path):
     old = tmp_path / f".bundle.old-{_dead_pid()}"
     old.mkdir()
     (old / "manifest.json").write_text("{}")
-    bundle_module.remove_dead_staging(out)
+    remove_dead_staging(out)
     assert (out / "manifest.json").read_text() == "{}" and not old.exists()
 
 
@@ -283,10 +283,10 @@ def test_worker_failures_come_back_as_one_line():
     import os
 
     with pytest.raises(ExportError, match="^export: export failed: ZeroDivisionError: division by zero$") as caught:
-        bundle_module._isolated(operator.truediv, 1, 0)
+        run_isolated(operator.truediv, 1, 0)
     assert "Traceback" in caught.value.detail
     with pytest.raises(ExportError, match=r"worker process died \(exit code 3\)"):
-        bundle_module._isolated(os._exit, 3)
+        run_isolated(os._exit, 3)
 
 
 def test_vocabulary_mismatch_is_found_before_any_export(tiny_pair_dirs, tmp_path):

@@ -174,12 +174,10 @@ def _check_geometry(spec: "ModelSpec") -> None:
     role = spec.role
     if len(spec.kv) != spec.num_layers:
         raise BundleError(f"{role}.kv has {len(spec.kv)} name sets for num_layers {spec.num_layers}")
-    for key in ("bos_token_id", "pad_token_id"):
-        value = getattr(spec, key)
-        if value is not None and value >= spec.vocab_size:
-            raise BundleError(f"{role}.{key} {value} is not below vocab_size {spec.vocab_size}")
-    if any(t >= spec.vocab_size for t in spec.eos_token_ids):
-        raise BundleError(f"{role}.eos_token_ids {list(spec.eos_token_ids)} are not all below vocab_size {spec.vocab_size}")
+    # bos may be fed to the model: it must have an embedding row. eos / pad ids outside the vocabulary are
+    # only never produced (tokenizers may define ids the embedding does not cover), so they are allowed.
+    if spec.bos_token_id is not None and spec.bos_token_id >= spec.vocab_size:
+        raise BundleError(f"{role}.bos_token_id {spec.bos_token_id} is not below vocab_size {spec.vocab_size}")
     inputs = {t.name: t for t in spec.inputs}
     outputs = {t.name: t for t in spec.outputs}
     for names, where in ((inputs, "inputs"), (outputs, "outputs")):

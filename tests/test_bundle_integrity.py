@@ -192,7 +192,7 @@ DELETE = object()
     ("target.bos_token_id", "2", 'target.bos_token_id must be a token id (an integer >= 0), got "2"'),
     ("target.eos_token_ids", "1", 'target.eos_token_ids must be a list, got "1"'),
     ("target.eos_token_ids", [1, -1], "target.eos_token_ids[1] must be a token id"),
-    ("target.eos_token_ids", [1, 500], "target.eos_token_ids [1, 500] are not all below vocab_size 128"),
+    ("target.bos_token_id", 500, "target.bos_token_id 500 is not below vocab_size 128"),
     ("target.architecture", "", "target.architecture must be a non-empty string"),
     ("target.onnx_file", None, "target.onnx_file must be a path relative to the bundle, got null"),
     ("target.inputs.0.dtype", "complex", "target.inputs[0].dtype must be one of"),

@@ -7,13 +7,19 @@ Layout of a bundle::
     target/model.onnx      + model.onnx.data (external weights)
     draft/model.onnx       + model.onnx.data
 
-Everything is written into a hidden staging folder beside the destination and renamed into
-place only when complete, so an interrupted or failed export never leaves a half bundle
-under the destination name and never touches an existing bundle until the new one is whole.
+Everything is written into a hidden staging folder beside the destination
+(``.OUT.partial-PID``) and swapped into place only when complete, so an interrupted or failed
+export never leaves a half bundle under the destination name and never touches an existing
+bundle until the new one is whole (which ``--out`` may be replaced, cleanup after killed exports
+and the swap: destination.py). Everything that can be checked without a model (sources, weights
+files' headers, tokenizers, draft/target compatibility, the parity text) is checked before any
+export starts; each model is then exported in a worker process (worker.py). Every failure is a
+ValueError subclass with a one-line message.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
@@ -26,9 +32,11 @@ from pathlib import Path
 from specdec.runtime.bundle import sha256_file
 from specdec.runtime.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 
-from .compat import check_specs, check_tokenizers, special_token_ids
+from .compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
+from .destination import check_destination, remove_dead_staging, swap_into_place
 from .quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, quantize_onnx
-from .sources import DTYPES, ModelSource, SourceError, load_model, load_tokenizer, resolve_source
+from .sources import DTYPES, ModelSource, SourceError, load_configs, load_model, load_tokenizer, resolve_source
+from .worker import ExportError, one_line, run_isolated
 
 PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
 PARITY_EXTRA = " if n < 2: return n"
@@ -113,11 +121,16 @@ def tool_versions() -> dict:
     return found
 
 
-def _check_destination(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise SourceError(f"--out {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
-        raise SourceError(f"--out {out} is a non-empty folder that is not a specdec bundle: refusing to replace it")
+def _write_failure(exc: OSError, where: Path) -> str:
+    """One line for a failed write, naming the path and the free space (numpy's errors name neither)."""
+    try:
+        free = f"{shutil.disk_usage(where if where.exists() else where.parent).free / 1e6:.0f} MB free there"
+    except OSError:
+        free = "free space unknown"
+    path = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    reason = exc.strerror or " ".join(str(exc).split())
+    full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"writing the export under {where.absolute()} failed{full}: {reason}{path}; {free}"
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -130,7 +143,12 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
     from .parity import check_parity, reference_outputs
 
     progress(f"{role}: loading {source.label} ({options.dtype})")
-    model = load_model(source, options.dtype)
+    try:
+        model = load_model(source, options.dtype)
+    except (SourceError, MemoryError):
+        raise
+    except Exception as exc:  # a truncated / corrupt weights file: safetensors, gguf and torch each raise their own
+        raise SourceError(f"cannot load the {role} model from {source.label}: {one_line(exc)}") from None
     special = special_token_ids(model, tokenizer)
     prompt, extra = _encode(tokenizer, PARITY_PROMPT), _encode(tokenizer, PARITY_EXTRA)
     extra = (extra * 5)[:5]
@@ -140,7 +158,10 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
         references = reference_outputs(model, prompt, extra)
     float_dir = staging / (role if options.quant == "none" else f".{role}-float")
     progress(f"{role}: exporting ONNX ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
-    spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
+    try:
+        spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
+    except OSError as exc:
+        raise ExportError(f"{role}: {_write_failure(exc, float_dir)}") from None
     del model
     gc.collect()
     parity = {}
@@ -157,7 +178,7 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     from .onnx_export import ONNX_NAME
     from .parity import check_parity
 
-    spec, parity, references, prompt, extra, float_dir = _isolated(
+    spec, parity, references, prompt, extra, float_dir = run_isolated(
         _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
     )
     if options.quant != "none":
@@ -173,17 +194,6 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     return spec, parity
 
 
-def _die_with_parent() -> None:
-    """Worker initializer: a worker whose exporting parent is killed exits too (Linux prctl)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _silent(message: str) -> None:
     pass
 
@@ -193,48 +203,55 @@ def _for_worker(progress):
     return progress if isinstance(progress, Progress) else _silent
 
 
-def _isolated(function, *args):
-    """Run ``function(*args)`` in a fresh process and return its result.
-
-    Each model is loaded, exported and checked in its own process, so everything PyTorch,
-    the GGUF loader and the exporter allocated is returned to the system when it ends: the
-    next model (and the quantizer) start from a small parent instead of on top of ~8 GB of
-    freed-but-held memory (measured on the 1.5B target).
-    """
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1, initializer=_die_with_parent) as pool:
-        return pool.apply(function, args)
+def _check_parity_text(role: str, tokenizer) -> None:
+    for text in (PARITY_PROMPT, PARITY_EXTRA):
+        if not _encode(tokenizer, text):
+            raise ExportError(f"the {role} tokenizer encodes the parity text {text!r} to no token ids: "
+                              "the export cannot be checked; fix the tokenizer or pass --no-parity")
 
 
 def export_bundle(options: ExportOptions, progress=None) -> Manifest:
-    """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written."""
+    """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written.
+
+    Raises a ValueError subclass (SourceError, IncompatiblePair, ExportError) with one line on any
+    failure; ``options.out`` is then exactly as it was.
+    """
     progress = progress or Progress()
     started = time.monotonic()
     out = Path(options.out)
-    _check_destination(out)
+    check_destination(out)
     target_source = resolve_source(options.target)
     draft_source = resolve_source(options.draft) if options.draft else None
     progress("loading tokenizers")
-    target_tokenizer = load_tokenizer(target_source)
+    tokenizers = {"target": load_tokenizer(target_source)}
     if draft_source is not None:
-        draft_tokenizer = load_tokenizer(draft_source)
-        check_tokenizers(target_tokenizer, draft_tokenizer)
+        tokenizers["draft"] = load_tokenizer(draft_source)
+        check_tokenizers(tokenizers["target"], tokenizers["draft"])
+        # vocabulary and special tokens from the configs: a mismatch costs seconds here, not two exports
+        check_pair_facts(pair_facts(*load_configs(target_source), tokenizers["target"]),
+                         pair_facts(*load_configs(draft_source), tokenizers["draft"]))
+    if options.parity:
+        for role, tokenizer in tokenizers.items():
+            _check_parity_text(role, tokenizer)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"cannot create the folder for --out {out}: {one_line(exc)}") from None
+    remove_dead_staging(out, progress)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
     try:
+        staging.mkdir()
         specs, parity = {}, {}
         if draft_source is not None:
-            specs["draft"], parity["draft"] = _export_one("draft", draft_source, draft_tokenizer, options, staging,
-                                                          progress)
-        specs["target"], parity["target"] = _export_one("target", target_source, target_tokenizer, options, staging,
-                                                        progress)
+            specs["draft"], parity["draft"] = _export_one("draft", draft_source, tokenizers["draft"], options,
+                                                          staging, progress)
+        specs["target"], parity["target"] = _export_one("target", target_source, tokenizers["target"], options,
+                                                        staging, progress)
         if draft_source is not None:
             check_specs(specs["target"], specs["draft"])
-        if not save_tokenizer(target_tokenizer, staging / "tokenizer"):
+        if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):
             progress("the source tokenizer has no chat template: the bundle generates but cannot chat")
         progress("hashing files")
         manifest = Manifest(
@@ -249,7 +266,9 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
                       if options.quant != "none" else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
-        _swap_into_place(staging, out)
+        swap_into_place(staging, out)
+    except OSError as exc:
+        raise ExportError(_write_failure(exc, staging)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
@@ -274,16 +293,3 @@ def save_tokenizer(tokenizer, folder: Path) -> bool:
         for name, text in template.items():
             (folder / "chat_templates" / f"{name}.jinja").write_text(text, encoding="utf-8")
     return bool(template)
-
-
-def _swap_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished staging folder to ``out``; an existing bundle is moved aside first, then removed."""
-    for path in staging.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.rename(out, old)
-    os.rename(staging, out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -1,9 +1,18 @@
-"""``specdec-export``: a thin argv front over ``specdec.export.bundle``."""
+"""``specdec-export``: a thin argv front over ``specdec.export.bundle``.
+
+Failures are one line on stderr (exit 2 for bad input or a failed export, 1 for an internal
+error; ``SPECDEC_DEBUG=1`` adds the traceback). SIGINT / SIGTERM stop the export with one line
+(exit 130 / 143) after its staging folder is removed; ``--out`` is left as it was.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import traceback
 from pathlib import Path
 
 from .pair import DEFAULT_PAIR, PAIRS
@@ -37,8 +46,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks clean up (like KeyboardInterrupt)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _debug(exc: BaseException) -> None:
+    if os.environ.get("SPECDEC_DEBUG"):
+        print(getattr(exc, "detail", "") or "".join(traceback.format_exception(exc)), file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("specdec-export: interrupted (SIGINT): the unfinished export was removed, --out is as it was",
+              file=sys.stderr)
+        return 130
+    except Terminated:
+        print("specdec-export: terminated (SIGTERM): the unfinished export was removed, --out is as it was",
+              file=sys.stderr)
+        return 143
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args) -> int:
     try:
         from .bundle import ExportOptions, Progress, export_bundle
         from .pair import pair_sources
@@ -69,8 +109,14 @@ def main(argv=None) -> int:
         if args.engine == "tensorrt":
             return _build_engines(args.out, args, progress)
     except (ValueError, OSError) as exc:
-        print(f"specdec-export: error: {exc}", file=sys.stderr)
+        print(f"specdec-export: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        _debug(exc)
         return 2
+    except Exception as exc:  # a bug, not bad input: still one line, the traceback on request
+        print(f"specdec-export: internal error: {type(exc).__name__}: {' '.join(str(exc).split())} "
+              "(set SPECDEC_DEBUG=1 for the traceback)", file=sys.stderr)
+        _debug(exc)
+        return 1
     print(summary(manifest, args.out))
     return 0
 

@@ -2,7 +2,9 @@
 
 Speculative acceptance compares the two models' distributions token id by token id, so
 any difference in the vocabulary silently breaks exactness. A mismatch is refused with a
-message that names the first difference found.
+message that names the first difference found. The tokenizers and the configs (vocabulary
+size, special tokens) are checked before either model is exported (``check_tokenizers``,
+``check_pair_facts``); the exported graphs are checked again afterwards (``check_specs``).
 """
 
 from __future__ import annotations
@@ -47,8 +49,13 @@ def _first_difference(a, b, path: str) -> str | None:
 
 def special_token_ids(model, tokenizer) -> dict:
     """bos / eos (all of them) / pad ids, merged from the model config, generation config and tokenizer."""
+    return special_token_ids_from(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
+def special_token_ids_from(generation_config, config, tokenizer) -> dict:
+    """``special_token_ids`` from the configs alone (before any model is loaded)."""
     eos = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+    for source in (generation_config, config, tokenizer):
         value = getattr(source, "eos_token_id", None) if source is not None else None
         if isinstance(value, int):
             eos.add(value)
@@ -56,9 +63,31 @@ def special_token_ids(model, tokenizer) -> dict:
             eos.update(int(v) for v in value)
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
-        bos = getattr(model.config, "bos_token_id", None)
+        bos = getattr(config, "bos_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     return {"bos_token_id": bos, "eos_token_ids": tuple(sorted(eos)), "pad_token_id": pad}
+
+
+def pair_facts(config, generation_config, tokenizer) -> dict:
+    """What draft and target must agree on, from configs and tokenizer: vocab_size and the special ids."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return {"vocab_size": getattr(text, "vocab_size", None),
+            **special_token_ids_from(generation_config, config, tokenizer)}
+
+
+def check_pair_facts(target: dict, draft: dict) -> None:
+    """Raise IncompatiblePair when ``pair_facts`` of the two models disagree (before any export)."""
+    if target["vocab_size"] and draft["vocab_size"] and target["vocab_size"] != draft["vocab_size"]:
+        raise IncompatiblePair(
+            f"draft and target vocabularies differ: the target config has vocab_size {target['vocab_size']}, "
+            f"the draft {draft['vocab_size']}"
+        )
+    for key in ("bos_token_id", "eos_token_ids", "pad_token_id"):
+        if target[key] != draft[key]:
+            raise IncompatiblePair(
+                f"draft and target special tokens differ: {key} is {target[key]} for the target, "
+                f"{draft[key]} for the draft"
+            )
 
 
 def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:

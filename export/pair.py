@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .destination import dead_leftovers
+
 
 @dataclass(frozen=True)
 class ChunkedGGUF:
@@ -77,6 +79,8 @@ def materialize(spec: ChunkedGGUF, progress=print) -> Path:
         return dest  # only verified files are ever renamed to this name
     parts = _part_paths(spec)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in dead_leftovers(dest):  # a join killed midway (a GB each)
+        leftover.unlink(missing_ok=True)
     partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     progress(f"joining {spec.parts} parts into {dest}")
     digest = hashlib.sha256()

@@ -2,14 +2,16 @@
 
 Validation happens before anything heavy: the path must exist, a folder must hold
 config.json and safetensors weights (pickled ``.bin``/``.pt`` weights are refused: loading
-them runs arbitrary code), the architecture must be in the table. ``trust_remote_code``
-is never passed.
+them runs arbitrary code) whose headers agree with their sizes (a truncated download is
+refused here, not deep inside the loader), the architecture must be in the table.
+``trust_remote_code`` is never passed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +62,53 @@ def resolve_source(spec: str | os.PathLike) -> ModelSource:
                 f"{spec} has only pickled weights ({pickles[0]}): refused (loading them can run code); convert to safetensors"
             )
         raise SourceError(f"{spec} has no .safetensors weights")
+    for name in sorted(n for n in names if n.endswith(".safetensors")):
+        check_safetensors(path / name)
     return ModelSource(path.resolve(), None)
+
+
+def check_safetensors(path: Path) -> None:
+    """Refuse a safetensors file whose header is unreadable or whose size differs from what the header declares.
+
+    Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}},
+    then the tensor bytes; the largest end offset is the data size.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size - 8:
+                raise ValueError(f"its header claims {length} bytes")
+            header = json.loads(handle.read(length))
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+        expected = 8 + length + max(ends, default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise SourceError(f"{path} is not a readable safetensors file ({exc}): truncated or corrupt") from None
+    if expected != size:
+        raise SourceError(f"{path} is {size} bytes but its header describes {expected}: truncated or corrupt "
+                          "(download it again)")
+
+
+def load_configs(source: ModelSource):
+    """(config, generation config) of a source, without its weights: what compatibility checks need."""
+    from transformers import AutoConfig, GenerationConfig
+
+    kwargs = dict(local_files_only=True, trust_remote_code=False)
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    try:
+        config = AutoConfig.from_pretrained(source.path, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SourceError(f"cannot read the config of {source.label}: {' '.join(str(exc).split())}") from None
+    generation = None
+    if not source.gguf_file:
+        try:
+            generation = GenerationConfig.from_pretrained(source.path, local_files_only=True)
+        except (OSError, ValueError):
+            generation = None
+    if generation is None:
+        generation = GenerationConfig.from_model_config(config)
+    return config, generation
 
 
 def load_model(source: ModelSource, dtype: str):

@@ -10,6 +10,7 @@ speedup, and (greedy) how many outputs are token-identical to target-only.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,32 +41,126 @@ def add_bench_parser(commands) -> None:
     add_load_args(bench)
 
 
+def _decoder_limits() -> dict:
+    """The decoder's own limits, so bench refuses exactly what generate() would refuse."""
+    from . import request
+
+    return {"max_draft": request.MAX_DRAFT_TOKENS, "max_tree_nodes": request.MAX_TREE_NODES,
+            "proposers": request.PROPOSERS}
+
+
 def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict:
-    """label -> generate() keyword arguments; "0" (target-only) is always first."""
+    """label -> generate() keyword arguments; "0" (target-only) is always first.
+
+    Every item is checked here, before anything runs: draft lengths in 0..MAX_DRAFT_TOKENS or "auto",
+    known proposers, tree shapes that parse and fit in one verify pass. Errors are one ValueError line
+    naming the option.
+    """
+    from .tree import AUTO_TREE_BUDGET, parse_tree, tree_size
+
+    limits = _decoder_limits()
     modes = {"0": {"num_draft_tokens": 0}}
     for item in filter(None, (part.strip() for part in draft_tokens.split(","))):
         if item == "auto":  # the product default: auto lengths, hybrid proposals
             modes["auto"] = {"num_draft_tokens": "auto"}
-        elif int(item) > 0:  # a fixed chain from the draft model
-            modes[item] = {"num_draft_tokens": int(item), "proposer": "draft"}
+            continue
+        try:
+            length = int(item)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= limits["max_draft"]:
+            raise ValueError(f"--draft-tokens: {item!r} is not a draft length (an integer in 0..{limits['max_draft']}"
+                             " or auto)")
+        if length > 0:  # a fixed chain from the draft model
+            modes[str(length)] = {"num_draft_tokens": length, "proposer": "draft"}
     for proposer in filter(None, (part.strip() for part in proposers.split(","))):
-        if proposer not in ("lookup", "hybrid", "draft"):
-            raise ValueError(f"--proposers takes lookup, hybrid or draft, got {proposer!r}")
+        if proposer not in limits["proposers"]:
+            raise ValueError(f"--proposers takes {', '.join(limits['proposers'])}, got {proposer!r}")
         modes[f"auto:{proposer}"] = {"num_draft_tokens": "auto", "proposer": proposer}
     for shape in filter(None, (part.strip() for part in trees.split(";"))):
+        try:
+            parsed = parse_tree(shape)
+        except ValueError as exc:
+            raise ValueError(f"--trees: {exc}") from None
+        nodes = AUTO_TREE_BUDGET if parsed == "auto" else tree_size(parsed)
+        if nodes > limits["max_tree_nodes"]:
+            raise ValueError(f"--trees: {shape!r} has {nodes} nodes, more than the {limits['max_tree_nodes']} "
+                             "one verify pass may hold")
         modes[f"tree:{shape}"] = {"tree": shape}
     return modes
 
 
 def load_prompts(path: str, limit: int | None) -> list:
+    """The prompt set: a non-empty JSON list of {"prompt": non-empty str, "id": str (unique), "kind": str}."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"--limit must be an integer >= 1, got {limit!r}")
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read prompts from {path}: {exc}") from None
-    if not isinstance(data, list) or not all(isinstance(d, dict) and "prompt" in d for d in data):
-        raise ValueError(f"{path} must be a JSON list of objects with a 'prompt' (and optional 'id', 'kind')")
-    prompts = [{"id": d.get("id", str(i)), "kind": d.get("kind", "all"), "prompt": d["prompt"]} for i, d in enumerate(data)]
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read prompts from {path}: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{path} must be a non-empty JSON list of objects with a 'prompt' (and optional 'id', 'kind')")
+    prompts, seen = [], {}
+    for index, item in enumerate(data):
+        where = f"{path}: item {index}"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be an object with a 'prompt', got {type(item).__name__}")
+        prompt = item.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string, got {json.dumps(prompt)[:40]}")
+        for key in ("id", "kind"):
+            if key in item and (not isinstance(item[key], str) or not item[key]):
+                raise ValueError(f"{where}: '{key}' must be a non-empty string, got {json.dumps(item[key])[:40]}")
+        prompt_id = item.get("id", str(index))
+        if prompt_id in seen:
+            raise ValueError(f"{where}: id {prompt_id!r} is also the id of item {seen[prompt_id]}: ids must be unique "
+                             "(runs are matched to target-only by id)")
+        seen[prompt_id] = index
+        prompts.append({"id": prompt_id, "kind": item.get("kind", "all"), "prompt": prompt})
     return prompts[:limit] if limit else prompts
+
+
+def check_bench_args(args) -> None:
+    """The numeric options and the output folder, before anything is loaded or run."""
+    import math
+
+    for flag, value in (("--repeat", args.repeat), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if (args.peer_transformers or args.peer_genai) and args.temperature != 0:
+        raise ValueError("peer columns are greedy only: use --temperature 0")
+
+
+def check_writable(out: Path) -> None:
+    """Create ``out`` and write a file into it now, so results are never lost to an unwritable folder at the end."""
+    probe = out / f".bench-write-test-{os.getpid()}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {out} is not a writable folder: {exc.strerror or exc}") from None
+
+
+def preflight(decoder, prompts: list, modes: dict, max_new_tokens: int, temperature: float) -> None:
+    """Every (prompt, mode) request through the decoder's own argument checks, before the first run.
+
+    Catches what needs the bundle: a mode needing a draft model the bundle lacks, a prompt too long for
+    max_context with this mode's draft tokens. Nothing is generated.
+    """
+    from .sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature=temperature)
+    for item in prompts:
+        for label, mode in modes.items():
+            request = {"num_draft_tokens": "auto", "proposer": None, "tree": None, **mode}
+            try:
+                decoder.validate(item["prompt"], max_new_tokens=max_new_tokens, sampling=sampling, seed=0, stop=(),
+                                 **request)
+            except ValueError as exc:
+                raise ValueError(f"prompt {item['id']!r}, mode {label}: {exc}") from None
 
 
 def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperature: float, repeat: int,
@@ -196,13 +291,15 @@ def plot(report: dict, path: Path) -> bool:
 def cmd_bench(args) -> int:
     from .decoder import SpeculativeDecoder
 
+    # everything is checked before the first run: a bad option never costs the runs before it
+    check_bench_args(args)
     prompts = load_prompts(args.prompts, args.limit)
     modes = build_modes(args.draft_tokens, args.proposers, args.trees)
-    if (args.peer_transformers or args.peer_genai) and args.temperature != 0:
-        raise ValueError("peer columns are greedy only: use --temperature 0")
+    check_writable(Path(args.out))
     started = time.perf_counter()
     decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                       threads=args.threads, verify=not args.no_verify)
+    preflight(decoder, prompts, modes, args.max_new_tokens, args.temperature)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     peers = []
     if args.peer_genai:

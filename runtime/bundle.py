@@ -42,17 +42,26 @@ def inside(root: Path, relative: str) -> Path:
 
 
 class HashCache:
-    """sha256 results remembered across loads, keyed by file identity (see module docstring)."""
+    """sha256 results remembered across loads, keyed by file identity (see module docstring).
+
+    The cache file is an optimisation only: unreadable, of another shape (``null``, ``[]``), or with
+    malformed entries, it is ignored (bad entries dropped) and rewritten, never an error.
+    """
 
     def __init__(self, path: Path | None):
         self.path = path
         self.entries: dict = {}
-        if path is not None and path.is_file():
-            try:
-                self.entries = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                self.entries = {}
         self.dirty = False
+        if path is None:
+            return
+        try:
+            loaded = json.loads(path.read_bytes()) if path.is_file() else {}
+        except (OSError, ValueError):  # ValueError: bad JSON or bad UTF-8
+            loaded, self.dirty = {}, True
+        if not isinstance(loaded, dict):
+            loaded, self.dirty = {}, True
+        self.entries = {key: entry for key, entry in loaded.items() if _valid_entry(entry)}
+        self.dirty = self.dirty or len(self.entries) != len(loaded)
 
     @staticmethod
     def _identity(path: Path) -> list:
@@ -80,6 +89,13 @@ class HashCache:
             os.replace(temporary, self.path)
         except OSError:
             pass  # the cache is an optimisation only
+
+
+def _valid_entry(entry) -> bool:
+    """[[size, mtime_ns, ctime_ns, inode], sha256 hex] as ``HashCache.sha256`` writes it."""
+    return (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list) and len(entry[0]) == 4
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in entry[0])
+            and isinstance(entry[1], str) and len(entry[1]) == 64)
 
 
 def default_hash_cache() -> Path:

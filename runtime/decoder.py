@@ -135,6 +135,10 @@ class SpeculativeDecoder:
                              stats=stats if stats is not None else GenerationStats())
         return TextStream(self._pieces(state), state)
 
+    def validate(self, prompt, **options) -> Request:
+        """The checks ``generate`` makes on its arguments, without generating (a one-line GenerationError)."""
+        return make_request(self.codec, self.limits, prompt, **options)
+
     def chat(self, messages, **options) -> GenerationResult:
         """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token."""
         from .chat import chat

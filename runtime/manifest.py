@@ -31,9 +31,19 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .field_checks import (FieldError, anything, dimension, fail, is_int, mapping, one_of, optional, positive_int, record,
+                           relative_path, sha256_hex, shown, text, token_id, tuple_of)
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
+TENSOR_DTYPES = ("bool", "int32", "int64", "float32", "float16", "bfloat16")  # numpy names the contract may use
+MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights and KV cache
+QUANTS = ("none", "int4", "int8", "int4-qdq")
+LOGITS_DTYPE = "float32"  # the runtime binds a float32 logits buffer
+# onnxruntime's element type strings (NodeArg.type) for the numpy names above
+ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
+             "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
 
 
 class BundleError(ValueError):
@@ -48,7 +58,13 @@ class TensorSpec:
 
     @staticmethod
     def from_dict(data: dict) -> "TensorSpec":
-        return TensorSpec(name=data["name"], dtype=data["dtype"], shape=tuple(data["shape"]))
+        try:
+            return TENSOR_SPEC(data, "tensor")
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+
+
+TENSOR_SPEC = record(TensorSpec, {"name": text, "dtype": one_of(TENSOR_DTYPES), "shape": tuple_of(dimension)})
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,9 @@ class KVNames:
     past_value: str
     new_key: str
     new_value: str
+
+
+KV_NAMES = record(KVNames, {"past_key": text, "past_value": text, "new_key": text, "new_value": text})
 
 
 @dataclass(frozen=True)
@@ -82,27 +101,143 @@ class ModelSpec:
     pad_token_id: int | None
 
     def __post_init__(self):
-        if self.role not in ROLES:
-            raise BundleError(f"model role {self.role!r} is not one of {ROLES}")
-        if len(self.kv) != self.num_layers:
-            raise BundleError(f"{self.role}: {len(self.kv)} KV name sets for {self.num_layers} layers")
+        prefix = self.role if self.role in ROLES else "model"
+        try:
+            for name, check in MODEL_FIELDS.items():  # typed and range-checked, lists become tuples
+                if hasattr(self, name):
+                    object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+        _check_geometry(self)
 
     @property
     def has_sliding_mask(self) -> bool:
         return any(spec.name == "sliding_attention_mask" for spec in self.inputs)
 
     @staticmethod
-    def from_dict(data: dict) -> "ModelSpec":
-        data = dict(data)
-        data["inputs"] = tuple(TensorSpec.from_dict(d) for d in data["inputs"])
-        data["outputs"] = tuple(TensorSpec.from_dict(d) for d in data["outputs"])
-        data["kv"] = tuple(KVNames(**d) for d in data["kv"])
-        data["eos_token_ids"] = tuple(data["eos_token_ids"])
+    def from_dict(data: dict, where: str = "model") -> "ModelSpec":
+        try:
+            return ModelSpec._from_dict(data, where)
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+
+    @staticmethod
+    def _from_dict(data: dict, where: str) -> "ModelSpec":
+        if not isinstance(data, dict):
+            fail(where, "an object", data)
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         unknown = set(data) - known
         if unknown:
-            raise BundleError(f"manifest model entry has unknown fields {sorted(unknown)}")
-        return ModelSpec(**data)
+            raise BundleError(f"{where} has unknown fields {sorted(unknown)}")
+        required = [f.name for f in dataclasses.fields(ModelSpec)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise BundleError(f"{where}.{missing[0]} is missing")
+        checked = {name: MODEL_FIELDS.get(name, anything)(value, f"{where}.{name}") for name, value in data.items()}
+        if checked["role"] != where and where in ROLES:
+            raise BundleError(f"{where}.role is {shown(checked['role'])}: the {where} section must hold the {where}")
+        return ModelSpec(**checked)
+
+
+# One line per ModelSpec field (a new field needs a line here; tests/test_bundle_integrity.py checks it).
+MODEL_FIELDS = {
+    "role": one_of(ROLES),
+    "architecture": text,
+    "onnx_file": relative_path,
+    "inputs": tuple_of(TENSOR_SPEC),
+    "outputs": tuple_of(TENSOR_SPEC),
+    "kv": tuple_of(KV_NAMES),
+    "num_layers": positive_int,
+    "num_kv_heads": positive_int,
+    "head_dim": positive_int,
+    "hidden_size": positive_int,
+    "vocab_size": positive_int,
+    "max_positions": positive_int,
+    "kv_dtype": one_of(MODEL_DTYPES),
+    "dtype": one_of(MODEL_DTYPES),
+    "quant": one_of(QUANTS),
+    "sliding_window": optional(positive_int),
+    "bos_token_id": optional(token_id),
+    "eos_token_ids": tuple_of(token_id),
+    "pad_token_id": optional(token_id),
+}
+
+
+def _kv_dims(shape: tuple) -> tuple:
+    """The fixed (integer) dimensions of a KV tensor, in order: (kv_heads, head_dim) in any layout."""
+    return tuple(d for d in shape if isinstance(d, int))
+
+
+def _check_geometry(spec: "ModelSpec") -> None:
+    """The manifest agrees with itself: layer count, token ids, and the logits/KV tensors vs the sizes."""
+    role = spec.role
+    if len(spec.kv) != spec.num_layers:
+        raise BundleError(f"{role}.kv has {len(spec.kv)} name sets for num_layers {spec.num_layers}")
+    # bos may be fed to the model: it must have an embedding row. eos / pad ids outside the vocabulary are
+    # only never produced (tokenizers may define ids the embedding does not cover), so they are allowed.
+    if spec.bos_token_id is not None and spec.bos_token_id >= spec.vocab_size:
+        raise BundleError(f"{role}.bos_token_id {spec.bos_token_id} is not below vocab_size {spec.vocab_size}")
+    inputs = {t.name: t for t in spec.inputs}
+    outputs = {t.name: t for t in spec.outputs}
+    for names, where in ((inputs, "inputs"), (outputs, "outputs")):
+        if len(names) != len(getattr(spec, where)):
+            raise BundleError(f"{role}.{where} names a tensor twice")
+    logits = outputs.get("logits")
+    if logits is None:
+        raise BundleError(f"{role}.outputs has no logits tensor")
+    if logits.dtype != LOGITS_DTYPE:
+        raise BundleError(f"{role}.outputs logits has dtype {logits.dtype}; the runtime reads {LOGITS_DTYPE} logits")
+    if not logits.shape or logits.shape[-1] != spec.vocab_size:
+        raise BundleError(f"{role}.vocab_size is {spec.vocab_size} but the logits tensor has shape {list(logits.shape)}")
+    for layer, names in enumerate(spec.kv):
+        for name, table, where in ((names.past_key, inputs, "inputs"), (names.past_value, inputs, "inputs"),
+                                   (names.new_key, outputs, "outputs"), (names.new_value, outputs, "outputs")):
+            tensor = table.get(name)
+            if tensor is None:
+                raise BundleError(f"{role}.kv[{layer}] names {name!r}, which {role}.{where} does not have")
+            if tensor.dtype != spec.kv_dtype:
+                raise BundleError(f"{role}.kv_dtype is {spec.kv_dtype} but {name} has dtype {tensor.dtype}")
+            if _kv_dims(tensor.shape) != (spec.num_kv_heads, spec.head_dim):
+                raise BundleError(f"{role}.num_kv_heads {spec.num_kv_heads} / head_dim {spec.head_dim} do not match "
+                                  f"{name} of shape {list(tensor.shape)}")
+
+
+def check_graph(spec: ModelSpec, graph_inputs, graph_outputs) -> None:
+    """The ONNX graph declares exactly the manifest's tensors: names, ranks, element types, fixed sizes.
+
+    ``graph_inputs`` / ``graph_outputs``: onnxruntime ``session.get_inputs()`` / ``get_outputs()``
+    (objects with ``name``, ``type``, ``shape``). Cheap: reads only the graph's declarations. A
+    dimension is compared only where both sides fix it (the graph may leave any one symbolic).
+    """
+    for kind, declared, actual in (("input", spec.inputs, graph_inputs), ("output", spec.outputs, graph_outputs)):
+        want = {t.name: t for t in declared}
+        have = {arg.name: arg for arg in actual}
+        if set(want) != set(have):
+            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+            raise BundleError(f"{spec.role} ONNX {kind}s disagree with manifest.json (manifest-only: {missing[:3]}, "
+                              f"graph-only: {extra[:3]}): the bundle is corrupt")
+        for name, tensor in want.items():
+            arg = have[name]
+            if len(arg.shape) != len(tensor.shape):
+                raise BundleError(f"{spec.role} ONNX {kind}s disagree with manifest.json: {name} has rank "
+                                  f"{len(arg.shape)} in the graph, {len(tensor.shape)} in manifest.json")
+            if arg.type != ORT_TYPES.get(tensor.dtype):
+                raise BundleError(f"{spec.role} ONNX {kind} {name} is {arg.type} in the graph but {tensor.dtype} in "
+                                  "manifest.json: the bundle is corrupt")
+            for axis, (graph_dim, manifest_dim) in enumerate(zip(arg.shape, tensor.shape)):
+                if is_int(graph_dim) and is_int(manifest_dim) and graph_dim != manifest_dim:
+                    raise BundleError(f"{spec.role} ONNX {kind} {name} has size {graph_dim} on axis {axis} in the "
+                                      f"graph but {manifest_dim} in manifest.json: the bundle is corrupt")
+
+
+def format_version(value, where):
+    if not is_int(value) or value < 1:
+        fail(where, "a positive integer", value)
+    if value > FORMAT_VERSION:
+        raise BundleError(f"bundle format version {value} is newer than this specdec supports ({FORMAT_VERSION}): "
+                          "upgrade specdec")
+    return value
 
 
 @dataclass(frozen=True)
@@ -116,6 +251,13 @@ class Manifest:
     extra: dict = field(default_factory=dict)  # free notes (parity errors, export time); never read by the runtime
     engines: dict = field(default_factory=dict)  # role -> TensorRT engine record (specdec.engines.records)
 
+    def __post_init__(self):
+        if self.draft is not None:  # acceptance compares the two distributions id by id
+            for key in ("vocab_size", "eos_token_ids"):
+                if getattr(self.draft, key) != getattr(self.target, key):
+                    raise BundleError(f"draft.{key} {shown(getattr(self.draft, key))} differs from target.{key} "
+                                      f"{shown(getattr(self.target, key))}: not a draft for this target")
+
     def models(self) -> dict:
         return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
 
@@ -124,30 +266,24 @@ class Manifest:
 
     @staticmethod
     def from_json(text: str) -> "Manifest":
+        """Parse and check every field; a problem is one BundleError line naming the field."""
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"manifest.json is not valid JSON: {exc}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{MANIFEST_NAME} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or "format_version" not in data:
-            raise BundleError("manifest.json has no format_version: not a specdec bundle")
-        version = data["format_version"]
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise BundleError(
-                f"bundle format version {version} is newer than this specdec supports ({FORMAT_VERSION}): upgrade specdec"
-            )
+            raise BundleError(f"{MANIFEST_NAME} has no format_version: not a specdec bundle")
         try:
-            return Manifest(
-                format_version=version,
-                target=ModelSpec.from_dict(data["target"]),
-                draft=ModelSpec.from_dict(data["draft"]) if data.get("draft") else None,
-                tokenizer_file=data["tokenizer_file"],
-                files=dict(data.get("files", {})),
-                tools=dict(data.get("tools", {})),
-                extra=dict(data.get("extra", {})),
-                engines=dict(data.get("engines", {})),
-            )
-        except (KeyError, TypeError) as exc:
-            raise BundleError(f"manifest.json is malformed: {exc!r}") from None
+            format_version(data["format_version"], "format_version")  # first: a newer bundle may differ in all else
+            unknown = sorted(set(data) - set(MANIFEST_FIELDS))
+            if unknown:
+                raise BundleError(f"unknown top-level fields {unknown}")
+            for name in ("target", "tokenizer_file"):
+                if name not in data:
+                    raise BundleError(f"{name} is missing")
+            return Manifest(**{name: MANIFEST_FIELDS[name](value, name) for name, value in data.items()})
+        except (BundleError, FieldError) as exc:
+            raise BundleError(f"{MANIFEST_NAME}: {exc}") from None
 
     @staticmethod
     def read(bundle_dir: str | Path) -> "Manifest":
@@ -156,7 +292,23 @@ class Manifest:
             raise BundleError(f"bundle folder {bundle_dir} does not exist")
         if not path.is_file():
             raise BundleError(f"{path} is missing: not a specdec bundle (export one with specdec-export)")
-        return Manifest.from_json(path.read_text())
+        try:
+            return Manifest.from_json(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"{MANIFEST_NAME} is not valid UTF-8 text: {exc}") from None
+
+
+# One line per Manifest field.
+MANIFEST_FIELDS = {
+    "format_version": format_version,
+    "target": lambda value, where: ModelSpec.from_dict(value, where),
+    "draft": optional(lambda value, where: ModelSpec.from_dict(value, where)),
+    "tokenizer_file": relative_path,
+    "files": mapping(relative_path, sha256_hex),
+    "tools": mapping(text, anything),
+    "extra": mapping(text, anything),
+    "engines": mapping(one_of(ROLES), mapping(text, anything)),
+}
 
 
 def kv_names(num_layers: int) -> tuple:

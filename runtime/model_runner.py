@@ -110,20 +110,10 @@ class ModelRunner(Runner):
         self._binding = self.session.io_binding()
 
     def _check_contract(self) -> None:
-        """The graph's inputs and outputs must be exactly the manifest's (names and ranks)."""
-        for kind, declared, actual in (
-            ("input", self.spec.inputs, self.session.get_inputs()),
-            ("output", self.spec.outputs, self.session.get_outputs()),
-        ):
-            want = {spec.name: len(spec.shape) for spec in declared}
-            have = {arg.name: len(arg.shape) for arg in actual}
-            if want != have:
-                missing = sorted(set(want) - set(have)) or sorted(k for k in want if want[k] != have.get(k))
-                extra = sorted(set(have) - set(want))
-                raise BundleError(
-                    f"{self.spec.role} ONNX {kind}s disagree with manifest.json "
-                    f"(manifest-only or different rank: {missing[:3]}, graph-only: {extra[:3]}): the bundle is corrupt"
-                )
+        """The graph's inputs and outputs must be exactly the manifest's (names, ranks, element types, sizes)."""
+        from .manifest import check_graph
+
+        check_graph(self.spec, self.session.get_inputs(), self.session.get_outputs())
 
     def fork(self) -> "ModelRunner":
         """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,

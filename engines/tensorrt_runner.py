@@ -17,10 +17,12 @@ from specdec.runtime.masks import ancestor_matrix, chain_parents, fill_masks
 
 from .cuda_memory import DeviceBuffer, new_stream, synchronize
 from .profiles import ProfileLimits, build_profiles, profile_for
+from .records import require_standard_form
 
 
 class TensorRTRunner:
     def __init__(self, engine_path: str, spec: ModelSpec, limits: ProfileLimits, max_context: int):
+        require_standard_form(spec)
         import tensorrt as trt
 
         if max_context > limits.max_context:

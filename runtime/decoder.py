@@ -30,6 +30,7 @@ from .lookup import MAX_NGRAM, lookup_match, one_hot_rows
 from .tree import (AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_WIDTH, ROOT, DraftTree, greedy_tree_accept,
                    allocate_children, parse_tree, pick_children, tree_size, tree_speculative_accept)
 from .bundle import default_hash_cache, inside, open_bundle
+from .fused_runner import make_runner  # fused-form bundles get a FusedRunner (helper fused)
 from .model_runner import ModelRunner
 from .sampling import SamplingConfig, greedy_token, sample, sampling_distribution
 from .text import IncrementalDecoder, TextCodec
@@ -170,7 +171,7 @@ class SpeculativeDecoder:
             runners = _tensorrt_runners(root, manifest, max_context)
         else:
             runners = {
-                role: ModelRunner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
+                role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
                 for role, spec in manifest.models().items()
             }
         codec = TextCodec(inside(root, manifest.tokenizer_file))

@@ -90,8 +90,45 @@ class FusedLM(ExportableLM):
             return self._fused_attention(index, layer, x, lt, position_ids, bias, seqlens_k, total_length,
                                          past[2 * index], past[2 * index + 1])
 
+        if torch.onnx.is_in_onnx_export() and self.arch.rms_norm_offset is not None:
+            normed, present = self._skip_norm_stack(hidden, attend)
+            logits = self.lm_head(normed).float()
+            if self.final_softcap:
+                logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+            return (logits, *present)
         hidden, present = self._decoder_stack(hidden, attend)
         return (self._head(hidden), *present)
+
+    def _skip_norm(self, module, x, residual):
+        """(RMSNorm(x + residual), x + residual) as one com.microsoft.SkipSimplifiedLayerNormalization node
+        (onnxruntime fuses a lone RMSNorm at load, but not the residual add before it)."""
+        eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+        gamma = module.weight if self.arch.rms_norm_offset == 0.0 else self.arch.rms_norm_offset + module.weight
+        stat_shape = (*x.shape[:-1], 1)
+        normed, _, _, total = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::SkipSimplifiedLayerNormalization", [x, residual, gamma.to(x.dtype)], {"epsilon": eps},
+            dtypes=(x.dtype, torch.float32, torch.float32, x.dtype), shapes=(x.shape, stat_shape, stat_shape, x.shape),
+            version=1,
+        )
+        return normed, total
+
+    def _skip_norm_stack(self, hidden, attend):
+        """``_decoder_stack`` + the final norm with every residual add fused into the norm after it."""
+        kv_out = []
+        x = self._norm(getattr(self.layers[0], self.arch.input_norm), hidden)
+        for index, layer in enumerate(self.layers):
+            x, key_out, value_out = attend(index, layer, x)
+            if self.arch.post_attn_norm:
+                x = self._norm(getattr(layer, self.arch.post_attn_norm), x)
+            x, hidden = self._skip_norm(getattr(layer, self.arch.pre_mlp_norm), x, hidden)
+            x = self._mlp(index, layer, x)
+            if self.arch.post_mlp_norm:
+                x = self._norm(getattr(layer, self.arch.post_mlp_norm), x)
+            following = self.layers[index + 1] if index + 1 < len(self.layers) else None
+            norm = getattr(following, self.arch.input_norm) if following is not None else self.final_norm
+            x, hidden = self._skip_norm(norm, x, hidden)
+            kv_out += [key_out, value_out]
+        return x, kv_out
 
     def _fused_attention(self, index, layer, x, layer_type, position_ids, bias, seqlens_k, total_length,
                          past_k, past_v):

@@ -71,6 +71,7 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
     bits = 8 if quant == "int8" else 4
     quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
     model = onnx.load(str(src), load_external_data=True)
+    fold_weight_transposes(model)
     tied = _tied_lm_head_output(model) if bits == 4 and quant_format == QuantFormat.QOperator else None
     config = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level, bits=bits, quant_format=quant_format
@@ -84,6 +85,36 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
         quantize_embedding(quantizer.model.model, block_size, tied)
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
+
+
+def fold_weight_transposes(model) -> None:
+    """Replace ``MatMul(x, Transpose(W))`` on an initializer W by ``MatMul(x, W^T)``, in place.
+
+    A tied lm_head exports as a Transpose of the embedding table (the exporter folds constants
+    only below a size limit), which leaves it a float MatMul the quantizer cannot see. With the
+    transposed copy as an initializer it becomes a MatMulNBits like every other projection, and
+    ``quantize_embedding`` then stores the table once, in int4.
+    """
+    from onnx import numpy_helper
+
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    for node in list(graph.node):
+        if node.op_type != "MatMul" or node.input[1] not in producers:
+            continue
+        transpose = producers[node.input[1]]
+        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
+        source = initializers.get(transpose.input[0]) if transpose.op_type == "Transpose" else None
+        if source is None or len(source.dims) != 2 or perm not in ([], [[1, 0]]):
+            continue
+        name = f"{transpose.input[0]}_transposed"
+        if name not in initializers:
+            initializers[name] = numpy_helper.from_array(numpy_helper.to_array(source).T.copy(), name)
+            graph.initializer.append(initializers[name])
+        node.input[1] = name
+        if not any(transpose.output[0] in other.input for other in graph.node):
+            graph.node.remove(transpose)
 
 
 def _embedding_gather(graph):

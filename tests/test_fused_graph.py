@@ -225,3 +225,68 @@ def test_old_manifests_load_as_standard(tiny_bundle):
     data["target"]["graph"] = "fused"  # a form with the wrong layout is refused
     with pytest.raises(BundleError, match="layout"):
         Manifest.from_json(json.dumps(data))
+
+
+def _tied_model(folder):
+    """A tiny qwen2 whose lm_head is its embedding (tie_word_embeddings), like the Qwen2.5 pair."""
+    import transformers as tf
+
+    from tiny_models import tiny_config, tiny_tokenizer
+
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder, model.get_input_embeddings().weight.detach().numpy()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
+    """int4: every MatMul (lm_head too) is MatMulNBits; the embedding is GatherBlockQuantized, sharing the
+    lm_head's int4 weights when tied, and dequantizes to the float table within one quantization step."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    if tied:
+        folder, table = _tied_model(tmp_path / "hf")
+    else:
+        folder = build_tiny_model(tmp_path / "hf", "llama", seed=0)
+        table = None
+    manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=tmp_path / "b", quant="int4"),
+                             progress=lambda msg: None)
+    assert manifest.target.graph == "fused" and isinstance(manifest.extra["parity_max_abs_error"]["target"]["int4"], dict)
+    model = onnx.load(str(tmp_path / "b/target/model.onnx"))
+    graph = model.graph
+    ops = collections.Counter(n.op_type for n in graph.node)
+    assert ops["MatMul"] == 0 and ops["Gemm"] == 0 and ops["Gather"] == 0 and ops["GatherBlockQuantized"] == 1
+    vocab, hidden = 128, 64
+    assert not [t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [vocab, hidden]]
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    reshape = next(n for n in graph.node if n.output[0] == gather.input[0])
+    lm_head = next(n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+    shared = reshape.input[0] == lm_head.input[1] and gather.input[2] == lm_head.input[2]
+    assert shared == tied  # stored once when tied
+    # the gathered rows are exactly the int4 weights dequantized as MatMulNBits does: (nibble - 8) * scale
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    packed = inits[reshape.input[0]].reshape(vocab, -1)
+    scales = inits[gather.input[2]]
+    nibbles = np.stack([packed & 15, packed >> 4], axis=-1).reshape(vocab, -1).astype(np.float32)
+    block = hidden // scales.shape[1]
+    expected = ((nibbles - 8) * np.repeat(scales, block, axis=1))[:, :hidden]
+    sub = helper.make_model(helper.make_graph(
+        [reshape, gather], "embed", [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, vocab])],
+        [helper.make_tensor_value_info(gather.output[0], onnx.TensorProto.FLOAT, None)],
+        [t for t in graph.initializer if t.name in (*reshape.input, *gather.input)]), opset_imports=model.opset_import)
+    from specdec.runtime.model_runner import session_options
+
+    rows = ort.InferenceSession(sub.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": np.arange(vocab, dtype=np.int64)[None]})[0][0]
+    assert np.abs(rows - expected).max() < 1e-6
+    if table is not None:
+        assert (np.abs(rows - table) <= np.abs(np.repeat(scales, block, axis=1))[:, :hidden] + 1e-6).all()

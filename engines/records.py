@@ -37,6 +37,13 @@ class EngineRecord:
             raise BundleError(f"manifest engine record is malformed: {exc}") from None
 
 
+def require_standard_form(spec) -> None:
+    """TensorRT builds only the portable standard-form graph; a fused (onnxruntime contrib ops) one is refused."""
+    if spec.graph != "standard":
+        raise BundleError(f"the {spec.role} graph is the fused onnxruntime form (GroupQueryAttention), which TensorRT "
+                          "cannot build: export the bundle with --graph standard for TensorRT")
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     tensorrt_version: str
@@ -46,6 +53,7 @@ class DeviceInfo:
 def verified_engine(bundle_dir: str | Path, manifest: Manifest, role: str, device: DeviceInfo) -> tuple[Path, EngineRecord]:
     """Path of the role's engine after every check; raises BundleError otherwise. Never deserializes."""
     root = Path(bundle_dir)
+    require_standard_form(manifest.models()[role])
     if role not in manifest.engines:
         raise BundleError(f"the bundle has no TensorRT engine for the {role}: build one with specdec-export build-engine")
     record = EngineRecord.from_dict(manifest.engines[role])

@@ -16,7 +16,7 @@ from specdec.runtime.bundle import sha256_file, open_bundle
 from specdec.runtime.manifest import MANIFEST_NAME, BundleError, Manifest
 
 from .profiles import ProfileLimits, build_profiles
-from .records import DeviceInfo, EngineRecord
+from .records import DeviceInfo, EngineRecord, require_standard_form
 
 
 def _tensorrt():
@@ -44,6 +44,7 @@ def current_device() -> DeviceInfo:
 
 
 def check_engine_ready(spec) -> None:
+    require_standard_form(spec)
     if spec.quant not in ("none", "int4-qdq"):
         raise ValueError(
             f"the {spec.role} graph uses onnxruntime's MatMulNBits ({spec.quant}), which TensorRT cannot parse: "
@@ -53,9 +54,11 @@ def check_engine_ready(spec) -> None:
 
 def build_engines(bundle_dir: str | Path, limits: ProfileLimits = ProfileLimits(), workspace_bytes: int = 2 << 30,
                   progress=print) -> Manifest:
-    trt = _tensorrt()
     root = Path(bundle_dir)
     manifest = open_bundle(root)
+    for spec in manifest.models().values():  # refuse what TensorRT cannot build before needing TensorRT
+        check_engine_ready(spec)
+    trt = _tensorrt()
     device = current_device()
     logger = trt.Logger(trt.Logger.WARNING)
     records, files = {}, dict(manifest.files)

@@ -17,12 +17,14 @@ from specdec.runtime.runner import Runner
 
 from specdec.runtime.cuda_memory import DeviceBuffer, new_stream, synchronize
 from .profiles import ProfileLimits, build_profiles, profile_for
+from .records import require_standard_form
 
 
 class TensorRTRunner(Runner):
     """Masks, lengths and compaction come from the shared ``Runner``; this class binds device buffers and runs."""
 
     def __init__(self, engine_path: str, spec: ModelSpec, limits: ProfileLimits, max_context: int):
+        require_standard_form(spec)
         import tensorrt as trt
 
         if max_context > limits.max_context:

@@ -55,8 +55,19 @@ class ExportOptions:
     accuracy_level: int | None = 4
     block_size: int = BLOCK_SIZE  # weights per quantization scale, target
     draft_block_size: int = DRAFT_BLOCK_SIZE  # and draft (coarser: a faster draft at the same acceptance)
+    # graph form: "fused" (onnxruntime's GroupQueryAttention, in-place KV) | "standard" (portable, TensorRT's
+    # input) | "auto" = fused where it applies (float32, not int4-qdq), standard otherwise
+    graph: str = "auto"
 
     def __post_init__(self):
+        if self.graph not in ("auto", "fused", "standard"):
+            raise ValueError(f"--graph {self.graph!r} is not one of auto, fused, standard")
+        fused_ok = self.dtype == "float32" and self.quant != "int4-qdq"
+        if self.graph == "fused" and not fused_ok:
+            raise ValueError("--graph fused needs --dtype float32 and a --quant other than int4-qdq "
+                             "(onnxruntime's CPU GroupQueryAttention; int4-qdq is TensorRT's form): use --graph standard")
+        if self.graph == "auto":
+            object.__setattr__(self, "graph", "fused" if fused_ok else "standard")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.quant not in QUANTS:
@@ -159,7 +170,7 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
     float_dir = staging / (role if options.quant == "none" else f".{role}-float")
     progress(f"{role}: exporting ONNX ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
     try:
-        spec = export_model(model, role, float_dir, special, options.dtype)  # consumes the model
+        spec = export_model(model, role, float_dir, special, options.dtype, options.graph)  # consumes the model
     except OSError as exc:
         raise ExportError(f"{role}: {_write_failure(exc, float_dir)}") from None
     del model

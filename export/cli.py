@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-block-size", type=int, default=None,
                         help="draft: weights per quantization scale (default 128: a faster draft; its accuracy "
                              "only moves the acceptance rate, never the output)")
+    parser.add_argument("--graph", default="auto", choices=["auto", "fused", "standard"],
+                        help="graph form: fused = onnxruntime's GroupQueryAttention with the KV cache read and written "
+                             "in place (CPU, fastest); standard = portable ONNX (TensorRT's input); auto (default) = "
+                             "fused for float32 onnxruntime bundles, standard otherwise")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
     return parser
 
@@ -92,6 +96,10 @@ def _main(args) -> int:
             return _build_engines(args.build_engine, args, progress)
         if args.out is None:
             raise ValueError("--out is required")
+        if args.engine == "tensorrt" and args.graph == "fused":
+            raise ValueError("--engine tensorrt needs --graph standard (TensorRT cannot build the fused onnxruntime form)")
+        if args.engine == "tensorrt" and args.graph == "auto":
+            args.graph = "standard"  # engines are built from the portable form
         if args.engine == "tensorrt" and args.quant in ("int4", "int8"):
             raise ValueError(f"--engine tensorrt cannot use --quant {args.quant} (onnxruntime's MatMulNBits): "
                              "use --quant int4-qdq (int4 weight-only TensorRT can build) or --quant none")
@@ -101,7 +109,7 @@ def _main(args) -> int:
             target, draft = args.target, args.draft
         options = ExportOptions(
             target=str(target), draft=str(draft) if draft else None, out=args.out, dtype=args.dtype,
-            quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level,
+            quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level, graph=args.graph,
             **{name: value for name, value in (("block_size", args.block_size),
                                                ("draft_block_size", args.draft_block_size)) if value is not None},
         )
@@ -137,7 +145,7 @@ def summary(manifest, out: Path) -> str:
         size = sum((out / rel).stat().st_size for rel in manifest.files if rel.startswith(f"{role}/"))
         lines.append(
             f"  {role}: {spec.architecture}, {spec.num_layers} layers, vocab {spec.vocab_size}, "
-            f"{spec.dtype}/{spec.quant}, {size / 1e6:.1f} MB"
+            f"{spec.dtype}/{spec.quant}, {spec.graph} graph, {size / 1e6:.1f} MB"
         )
         for graph, report in manifest.extra["parity_max_abs_error"].get(role, {}).items():
             if isinstance(report, dict):

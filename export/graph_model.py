@@ -189,19 +189,30 @@ class ExportableLM(nn.Module):
             sliding_mask, past = rest[0], rest[1:]
         else:
             sliding_mask, past = None, rest
+        hidden = self._embed(input_ids, position_ids)
+        ropes = {lt: self._rope(position_ids, lt, hidden.dtype) for lt in self.rope_tables}
+
+        def attend(index, layer, x):
+            lt = self.layer_types[index]
+            mask = sliding_mask if lt == SLIDING else attention_mask
+            return self._attention(index, layer, x, ropes.get(lt), mask, past[2 * index], past[2 * index + 1])
+
+        hidden, new_kv = self._decoder_stack(hidden, attend)
+        return (self._head(hidden), *new_kv)
+
+    def _embed(self, input_ids, position_ids):
         hidden = self.embed(input_ids)
         if self.position_embed is not None:
             hidden = hidden + self.position_embed(position_ids)
-        ropes = {lt: self._rope(position_ids, lt, hidden.dtype) for lt in self.rope_tables}
-        new_kv = []
+        return hidden
+
+    def _decoder_stack(self, hidden, attend):
+        """The layers around ``attend(index, layer, x) -> (x, key_out, value_out)``: norms, residuals, MLPs."""
+        kv_out = []
         for index, layer in enumerate(self.layers):
-            lt = self.layer_types[index]
-            mask = sliding_mask if lt == SLIDING else attention_mask
             residual = hidden
             x = self._norm(getattr(layer, self.arch.input_norm), hidden)
-            x, new_k, new_v = self._attention(
-                index, layer, x, ropes.get(lt), mask, past[2 * index], past[2 * index + 1]
-            )
+            x, key_out, value_out = attend(index, layer, x)
             if self.arch.post_attn_norm:
                 x = self._norm(getattr(layer, self.arch.post_attn_norm), x)
             hidden = residual + x
@@ -210,11 +221,14 @@ class ExportableLM(nn.Module):
             if self.arch.post_mlp_norm:
                 x = self._norm(getattr(layer, self.arch.post_mlp_norm), x)
             hidden = residual + x
-            new_kv += [new_k, new_v]
+            kv_out += [key_out, value_out]
+        return hidden, kv_out
+
+    def _head(self, hidden):
         logits = self.lm_head(self._norm(self.final_norm, hidden)).float()
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return (logits, *new_kv)
+        return logits
 
 
 def rms_norm(x, weight, eps: float, offset: float):

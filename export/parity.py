@@ -45,6 +45,8 @@ class OnnxRunner:
 
     def run(self, tokens, positions, past, parents=None, past_positions=None):
         """past: list of (keys [P, KVH, D], values [P, KVH, D]) per layer. Returns logits [T, V], new rows."""
+        if self.spec.graph == "fused":
+            return self._run_fused(tokens, positions, past, parents, past_positions)
         spec = self.spec
         past_len = past[0][0].shape[0]
         past_positions = np.arange(past_len) if past_positions is None else past_positions
@@ -64,6 +66,23 @@ class OnnxRunner:
         outs = self.session.run(wanted, feeds)
         rows = [(outs[1 + 2 * i][0].astype(np.float32), outs[2 + 2 * i][0].astype(np.float32)) for i in range(spec.num_layers)]
         return outs[0][0], rows
+
+
+    def _run_fused(self, tokens, positions, past, parents, past_positions):
+        """The fused form through the runtime's own FusedRunner (the shared, in-place KV buffer it binds)."""
+        from specdec.runtime.fused_runner import FusedRunner
+
+        past_len, count = past[0][0].shape[0], len(tokens)
+        runner = FusedRunner("", self.spec, "cpu", past_len + count, count, session=self.session)
+        for layer, (keys, values) in enumerate(past):
+            runner.cache[layer, 0, 0, :, :past_len] = keys.transpose(1, 0, 2)
+            runner.cache[layer, 1, 0, :, :past_len] = values.transpose(1, 0, 2)
+        runner.slot_positions[:past_len] = np.arange(past_len) if past_positions is None else past_positions
+        runner.length = past_len
+        logits = runner.forward(tokens, positions, parents).copy()
+        rows = [tuple(runner.cache[layer, kind, 0, :, past_len:].transpose(1, 0, 2).copy() for kind in (0, 1))
+                for layer in range(self.spec.num_layers)]
+        return logits, rows
 
 
 def _kv_error(onnx_rows, hf_rows) -> float:

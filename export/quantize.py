@@ -7,6 +7,10 @@
   weight-only quantization; onnxruntime runs it too (its CPU optimizer fuses DQ + MatMul back
   into MatMulNBits).
 Activations, the KV cache and attention stay in the model dtype.
+
+With ``int4`` the token embedding is quantized too (``com.microsoft.GatherBlockQuantized``, the
+same 4-bit blocks): a tied embedding reads the lm_head's MatMulNBits weights themselves, so
+the table is stored once, in int4, instead of once in float32 beside the int4 lm_head.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
     bits = 8 if quant == "int8" else 4
     quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
     model = onnx.load(str(src), load_external_data=True)
+    fold_weight_transposes(model)
+    tied = _tied_lm_head_output(model) if bits == 4 and quant_format == QuantFormat.QOperator else None
     config = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level, bits=bits, quant_format=quant_format
     )
@@ -75,8 +81,136 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
     )
     quantizer.process()
     del model
+    if bits == 4 and quant_format == QuantFormat.QOperator:
+        quantize_embedding(quantizer.model.model, block_size, tied)
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
+
+
+def fold_weight_transposes(model) -> None:
+    """Replace ``MatMul(x, Transpose(W))`` on an initializer W by ``MatMul(x, W^T)``, in place.
+
+    A tied lm_head exports as a Transpose of the embedding table (the exporter folds constants
+    only below a size limit), which leaves it a float MatMul the quantizer cannot see. With the
+    transposed copy as an initializer it becomes a MatMulNBits like every other projection, and
+    ``quantize_embedding`` then stores the table once, in int4.
+    """
+    from onnx import numpy_helper
+
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    for node in list(graph.node):
+        if node.op_type != "MatMul" or node.input[1] not in producers:
+            continue
+        transpose = producers[node.input[1]]
+        perm = [list(a.ints) for a in transpose.attribute if a.name == "perm"]
+        source = initializers.get(transpose.input[0]) if transpose.op_type == "Transpose" else None
+        if source is None or len(source.dims) != 2 or perm not in ([], [[1, 0]]):
+            continue
+        name = f"{transpose.input[0]}_transposed"
+        if name not in initializers:
+            initializers[name] = numpy_helper.from_array(numpy_helper.to_array(source).T.copy(), name)
+            graph.initializer.append(initializers[name])
+        node.input[1] = name
+        if not any(transpose.output[0] in other.input for other in graph.node):
+            graph.node.remove(transpose)
+
+
+def _embedding_gather(graph):
+    """The token-embedding Gather (reads ``input_ids`` from a 2-D float initializer), or None."""
+    initializers = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Gather" and node.input[1] == "input_ids" and node.input[0] in initializers:
+            table = initializers[node.input[0]]
+            if len(table.dims) == 2:
+                return node, table
+    return None, None
+
+
+def _tied_lm_head_output(model) -> str | None:
+    """Output name of the float MatMul whose weight is the embedding table transposed (tied weights), or None."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    gather, table = _embedding_gather(graph)
+    if gather is None:
+        return None
+    vocab, hidden = table.dims
+    rows = None
+    initializers = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in initializers:
+            weight = initializers[node.input[1]]
+            if list(weight.dims) == [hidden, vocab]:  # a projection of the same shape can precede the lm_head
+                rows = numpy_helper.to_array(table) if rows is None else rows
+                if numpy_helper.to_array(weight).T.tobytes() == rows.tobytes():
+                    return node.output[0]
+    return None
+
+
+def quantize_embedding(model, block_size: int, tied_output: str | None) -> None:
+    """Replace the float embedding Gather with a 4-bit GatherBlockQuantized, in place.
+
+    Tied (``tied_output``: the output of the lm_head that shares the table): the data and scales
+    are that lm_head MatMulNBits's own initializers (its ``[vocab, blocks, block/2]`` uint8 weight
+    seen as ``[vocab, hidden/2]`` through a Reshape), so the table is stored once. Untied: the table
+    is quantized here the same way (symmetric, zero point 8, ``block_size`` weights per float scale
+    along the hidden axis).
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    gather, table = _embedding_gather(graph)
+    if gather is None:
+        return
+    vocab, hidden = table.dims
+    padded = -(-hidden // block_size) * block_size
+    prefix = gather.input[0]
+    data_name, scales_name = None, None
+    if tied_output is not None:
+        for node in graph.node:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if (node.op_type == "MatMulNBits" and node.output[0] == tied_output and attrs.get("N") == vocab
+                    and attrs.get("K") == hidden
+                    and attrs.get("bits") == 4 and attrs.get("block_size") == block_size and len(node.input) == 3):
+                data_name, scales_name = node.input[1], node.input[2]
+    if data_name is None:  # untied, or no matching lm_head: quantize the table itself
+        weights = np.zeros((vocab, padded), np.float32)
+        weights[:, :hidden] = numpy_helper.to_array(table)
+        blocks = weights.reshape(vocab, padded // block_size, block_size)
+        scales = np.abs(blocks).max(axis=-1) / 7.0
+        scales[scales == 0] = 1.0
+        q = np.clip(np.rint(blocks / scales[..., None]) + 8, 0, 15).astype(np.uint8).reshape(vocab, padded)
+        packed = q[:, 0::2] | (q[:, 1::2] << 4)  # low nibble first
+        data_name, scales_name = f"{prefix}_Q4", f"{prefix}_scales"
+        graph.initializer.extend([numpy_helper.from_array(packed, data_name),
+                                  numpy_helper.from_array(scales.astype(np.float32), scales_name)])
+    shape_name = f"{prefix}_Q4_shape"
+    graph.initializer.append(numpy_helper.from_array(np.array([vocab, padded // 2], np.int64), shape_name))
+    flat = f"{prefix}_Q4_rows"
+    out = gather.output[0]
+    gathered = out if padded == hidden else f"{out}_padded"
+    new_nodes = [
+        helper.make_node("Reshape", [data_name, shape_name], [flat], name=f"{gather.name}_rows"),
+        helper.make_node("GatherBlockQuantized", [flat, gather.input[1], scales_name], [gathered],
+                         name=f"{gather.name}_q4", domain="com.microsoft", bits=4, block_size=block_size,
+                         gather_axis=0, quantize_axis=1),
+    ]
+    if padded != hidden:  # the quantized rows are padded to whole blocks: cut the padding off
+        for name, value in (("starts", 0), ("ends", hidden), ("axes", -1)):
+            graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), f"{prefix}_slice_{name}"))
+        new_nodes.append(helper.make_node("Slice", [gathered, f"{prefix}_slice_starts", f"{prefix}_slice_ends",
+                                                    f"{prefix}_slice_axes"], [out], name=f"{gather.name}_unpad"))
+    index = list(graph.node).index(gather)
+    graph.node.remove(gather)
+    for offset, node in enumerate(new_nodes):
+        graph.node.insert(index + offset, node)
+    if not any(prefix in node.input for node in graph.node):
+        graph.initializer.remove(table)  # the float table is gone: stored once, in int4
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
 if __name__ == "__main__":  # the isolated worker of quantize_onnx

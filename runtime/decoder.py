@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .bundle import default_hash_cache, inside, open_bundle
 from .cost_model import Costs, calibrate
+from .fused_runner import make_runner
 from .model_runner import ModelRunner
 from .proposers import ProposalPlan, plan_uses_draft
 from .request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, GenerationError, GenerationResult,  # noqa: F401
@@ -75,7 +76,7 @@ class SpeculativeDecoder:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
             runners = {
-                role: ModelRunner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
+                role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
                 for role, spec in manifest.models().items()
             }
         codec = TextCodec(inside(root, manifest.tokenizer_file))

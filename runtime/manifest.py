@@ -22,6 +22,28 @@ applied; only models with sliding-window layers have it. The KV layout is sequen
 so that ``cache[:, :P]`` and ``cache[:, P:P+T]`` are contiguous views for batch 1: the
 runtime binds the past in place and lets the graph write the new rows straight into the
 cache.
+
+Fused form (``ModelSpec.graph == "fused"``, onnxruntime only; ``kv_layout == "shared-bnsh"``):
+attention is onnxruntime's ``com.microsoft.GroupQueryAttention`` (rotary inside), reading and
+writing one preallocated cache per layer in place; the past is never concatenated.
+
+| name                              | dir | dtype          | shape                                |
+|-----------------------------------|-----|----------------|--------------------------------------|
+| input_ids                         | in  | int64          | [batch, new_tokens]                  |
+| position_ids                      | in  | int64          | [batch, new_tokens]                  |
+| attention_bias                    | in  | float32        | [batch, 1, new_tokens, total_tokens] |
+| sliding_attention_bias (optional) | in  | float32        | [batch, 1, new_tokens, total_tokens] |
+| seqlens_k                         | in  | int32          | [batch]  (= total_tokens - 1)        |
+| total_sequence_length             | in  | int32          | []       (= past + new)              |
+| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, kv_heads, max_context, head_dim] |
+| logits                            | out | float32        | [batch, new_tokens, vocab]           |
+| present.{i}.key / present.{i}.value | out | kv dtype     | [batch, kv_heads, max_context, head_dim] |
+
+``past.{i}.*`` and ``present.{i}.*`` are bound to the same buffer: slots [0, past) are read,
+the T new rows are written at slots [past, past + T), nothing else is touched. The bias is
+0 where the boolean mask above is True and the float32 minimum elsewhere (a tree, hidden
+past slots, the sliding window); GroupQueryAttention also applies its own causal mask by
+slot, which every tree satisfies (parents come before children).
 """
 
 from __future__ import annotations
@@ -44,6 +66,9 @@ LOGITS_DTYPE = "float32"  # the runtime binds a float32 logits buffer
 # onnxruntime's element type strings (NodeArg.type) for the numpy names above
 ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
              "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
+# graph form -> its KV layout: "split-bsnh" = past in [batch, past, kv_heads, head_dim], new rows out separately;
+# "shared-bnsh" = one [batch, kv_heads, max_context, head_dim] buffer per layer read and written in place
+KV_LAYOUTS = {"standard": "split-bsnh", "fused": "shared-bnsh"}
 
 
 class BundleError(ValueError):
@@ -99,6 +124,9 @@ class ModelSpec:
     bos_token_id: int | None
     eos_token_ids: tuple  # of int
     pad_token_id: int | None
+    # --- graph form (helper "fused"): bundles written before these fields load as "standard" ---
+    graph: str = "standard"  # "standard" (portable ONNX, TensorRT's input) | "fused" (onnxruntime contrib ops)
+    kv_layout: str = "split-bsnh"  # see KV_LAYOUTS
 
     def __post_init__(self):
         prefix = self.role if self.role in ROLES else "model"
@@ -108,11 +136,14 @@ class ModelSpec:
                     object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
         except FieldError as exc:
             raise BundleError(str(exc)) from None
+        if KV_LAYOUTS.get(self.graph) != self.kv_layout:
+            raise BundleError(f"manifest.json: {prefix} graph form {self.graph!r} with KV layout {self.kv_layout!r} "
+                              f"is not one of {sorted(KV_LAYOUTS.items())}")
         _check_geometry(self)
 
     @property
     def has_sliding_mask(self) -> bool:
-        return any(spec.name == "sliding_attention_mask" for spec in self.inputs)
+        return any(spec.name in ("sliding_attention_mask", "sliding_attention_bias") for spec in self.inputs)
 
     @staticmethod
     def from_dict(data: dict, where: str = "model") -> "ModelSpec":
@@ -161,6 +192,8 @@ MODEL_FIELDS = {
     "bos_token_id": optional(token_id),
     "eos_token_ids": tuple_of(token_id),
     "pad_token_id": optional(token_id),
+    "graph": one_of(tuple(KV_LAYOUTS)),
+    "kv_layout": one_of(tuple(KV_LAYOUTS.values())),
 }
 
 
@@ -334,3 +367,29 @@ def graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int,
         for name in (names.new_key, names.new_value):
             outputs.append(TensorSpec(name, kv_dtype, ("batch", "new_tokens", num_kv_heads, head_dim)))
     return tuple(inputs), tuple(outputs)
+
+
+def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, kv_dtype: str, sliding: bool):
+    """The (inputs, outputs) TensorSpecs of the fused form's contract (module docstring)."""
+    bias_shape = ("batch", 1, "new_tokens", "total_tokens")
+    cache_shape = ("batch", num_kv_heads, "max_context", head_dim)
+    inputs = [
+        TensorSpec("input_ids", "int64", ("batch", "new_tokens")),
+        TensorSpec("position_ids", "int64", ("batch", "new_tokens")),
+        TensorSpec("attention_bias", "float32", bias_shape),
+    ]
+    if sliding:
+        inputs.append(TensorSpec("sliding_attention_bias", "float32", bias_shape))
+    inputs += [TensorSpec("seqlens_k", "int32", ("batch",)), TensorSpec("total_sequence_length", "int32", ())]
+    outputs = [TensorSpec("logits", "float32", ("batch", "new_tokens", vocab_size))]
+    for names in fused_kv_names(num_layers):
+        inputs += [TensorSpec(names.past_key, kv_dtype, cache_shape), TensorSpec(names.past_value, kv_dtype, cache_shape)]
+        outputs += [TensorSpec(names.new_key, kv_dtype, cache_shape), TensorSpec(names.new_value, kv_dtype, cache_shape)]
+    return tuple(inputs), tuple(outputs)
+
+
+def fused_kv_names(num_layers: int) -> tuple:
+    """Fused form: ``new_*`` name the present outputs, bound to the same buffer as ``past_*``."""
+    return tuple(
+        KVNames(f"past.{i}.key", f"past.{i}.value", f"present.{i}.key", f"present.{i}.value") for i in range(num_layers)
+    )

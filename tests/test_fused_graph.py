@@ -1,0 +1,276 @@
+"""The fused graph form (onnxruntime GroupQueryAttention on an in-place KV buffer) and its runner.
+
+Each architecture is exported in both forms from the same tiny model: both match PyTorch, and
+the FusedRunner gives the same logits as the standard ModelRunner over a script of chains,
+trees (also at an empty past), hidden past slots, commits, truncations and tree compaction.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
+from specdec.runtime.fused_runner import FusedRunner, make_runner  # noqa: E402
+from specdec.runtime.manifest import BundleError, Manifest  # noqa: E402
+from specdec.runtime.model_runner import ModelRunner  # noqa: E402
+from tiny_models import ARCHS, build_tiny_model  # noqa: E402
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def both_forms(request, tmp_path_factory):
+    """(arch, {"fused": bundle dir, "standard": bundle dir}) of one tiny target, max 2048 positions."""
+    root = tmp_path_factory.mktemp(f"forms-{request.param}")
+    model = build_tiny_model(root / "hf", request.param, seed=0, max_positions=2048)
+    bundles = {}
+    for form in ("fused", "standard"):
+        bundles[form] = root / form
+        export_bundle(ExportOptions(target=str(model), draft=None, out=bundles[form], graph=form),
+                      progress=lambda msg: None)
+    return request.param, bundles
+
+
+def _runner(bundle, max_context=64, steps=32):
+    spec = Manifest.read(bundle).target
+    return make_runner(str(bundle / spec.onnx_file), spec, "cpu", max_context, steps)
+
+
+def test_both_forms_match_pytorch_and_record_their_form(both_forms):
+    """Parity (prefill, decode, chain verify, tree) within 1e-4 for both forms; the manifest names form and layout."""
+    arch, bundles = both_forms
+    for form, bundle in bundles.items():
+        manifest = Manifest.read(bundle)
+        assert (manifest.target.graph, manifest.target.kv_layout) == \
+            (form, {"fused": "shared-bnsh", "standard": "split-bsnh"}[form])
+        report = manifest.extra["parity_max_abs_error"]["target"]["float"]
+        assert set(report) == {"prefill", "decode", "chain_verify", "tree"}
+        for scenario, errors in report.items():
+            assert errors["logits"] < TOLERANCE and errors["kv"] < TOLERANCE, (arch, form, scenario, errors)
+
+
+def test_fused_graph_has_one_attention_node_per_layer_and_no_past_concat(both_forms):
+    """The fused graph: one GroupQueryAttention per layer, the only consumer of the cache; fewer nodes."""
+    arch, bundles = both_forms
+    graphs = {form: onnx.load(str(b / "target/model.onnx"), load_external_data=False).graph
+              for form, b in bundles.items()}
+    nodes = graphs["fused"].node
+    layers = Manifest.read(bundles["fused"]).target.num_layers
+    assert sum(n.op_type == "GroupQueryAttention" for n in nodes) == layers
+    past_names = {i.name for i in graphs["fused"].input if i.name.startswith("past.")}
+    consumers = {n.op_type for n in nodes if past_names & set(n.input)}
+    assert consumers == {"GroupQueryAttention"}  # nothing concatenates, slices or copies the past
+    standard_consumers = {n.op_type for n in graphs["standard"].node
+                          if {i.name for i in graphs["standard"].input if i.name.startswith("past.")} & set(n.input)}
+    assert "GroupQueryAttention" not in standard_consumers
+    assert len(nodes) < len(graphs["standard"].node)
+
+
+def _script(runner, prompt):
+    """A fixed sequence of runner calls; returns every logits row it produced."""
+    out = []
+    n = len(prompt)
+    # a tree at an empty past (non-consecutive positions: the fused runner splits off the root)
+    out.append(runner.forward(prompt[:4], [0, 1, 1, 2], parents=[-1, 0, 0, 1]).copy())
+    runner.forward(prompt, range(n))  # overwrite: the tree was never committed
+    runner.commit(n)
+    chain = [5, 6, 7, 8, 9]
+    out.append(runner.forward(chain, range(n, n + 5)).copy())
+    runner.commit(5)
+    runner.truncate(n + 2)  # reject the last three
+    out.append(runner.forward([11], [n + 2]).copy())
+    runner.commit(1)
+    base = runner.length
+    tree_parents = [-1, 0, 0, 1, 2, 3]
+    depths = [0, 1, 1, 2, 2, 3]
+    out.append(runner.forward([20, 21, 22, 23, 24, 25], [base + d for d in depths], parents=tree_parents).copy())
+    runner.keep_path(np.array([base + 0, base + 2, base + 4]), base)  # accept root -> 22 -> 24
+    out.append(runner.forward([30, 31], [base + 3, base + 4]).copy())
+    runner.commit(2)
+    visible_past = np.ones((3, runner.length), dtype=bool)
+    visible_past[:, 3] = False  # a draft tree that hides one past slot
+    visible_past[1, runner.length - 1] = False
+    out.append(runner.forward([40, 41, 42], [runner.length] * 3, parents=[-1, -1, -1], visible_past=visible_past).copy())
+    return out
+
+
+def test_fused_runner_equals_standard_runner_over_a_decoding_script(both_forms):
+    """Same logits (1e-4) from both forms over chains, trees, truncation, compaction and hidden past slots."""
+    arch, bundles = both_forms
+    prompt = [(7 * i + 3) % 120 + 3 for i in range(20)]
+    fused, standard = _runner(bundles["fused"]), _runner(bundles["standard"])
+    assert isinstance(fused, FusedRunner) and isinstance(standard, ModelRunner)
+    for step, (a, b) in enumerate(zip(_script(fused, prompt), _script(standard, prompt))):
+        assert np.abs(a - b).max() < TOLERANCE, (arch, step, float(np.abs(a - b).max()))
+    assert fused.length == standard.length
+
+
+def test_rollback_and_compaction_equal_a_fresh_run(both_forms):
+    """truncate/keep_path leave a cache whose next pass equals a fresh run on the kept tokens."""
+    arch, bundles = both_forms
+    prompt = [(5 * i + 1) % 120 + 3 for i in range(12)]
+    runner = _runner(bundles["fused"])
+    runner.forward(prompt, range(12))
+    runner.commit(12)
+    runner.forward([40, 41, 42], [12, 13, 13], parents=[-1, 0, 0])  # a tree: 40 -> {41, 42}
+    runner.keep_path(np.array([12, 14]), 12)  # accept 40, 42
+    kept = runner.forward([50], [14]).copy()
+    runner.commit(1)
+    runner.forward([60, 61, 62], [15, 16, 17])
+    runner.commit(3)
+    runner.truncate(15)
+    again = runner.forward([50], [15]).copy()
+    fresh = _runner(bundles["fused"])
+    ref = fresh.forward(prompt + [40, 42, 50], range(15)).copy()
+    assert np.abs(kept[0] - ref[-1]).max() < TOLERANCE
+    fresh.commit(15)
+    ref_again = fresh.forward([50], [15]).copy()
+    assert np.abs(again[0] - ref_again[0]).max() < TOLERANCE
+    fork = runner.fork()  # same session, own cache: starts empty and does not disturb the parent
+    assert fork.session is runner.session and fork.length == 0 and fork.cache is not runner.cache
+
+
+def test_a_pass_at_long_context_reads_and_writes_the_cache_in_place(both_forms):
+    """At context 1,500 the graph's present outputs are the cache buffer itself; only the T new rows change."""
+    arch, bundles = both_forms
+    if arch != "llama":
+        pytest.skip("one architecture is enough for the buffer check")
+    runner = _runner(bundles["fused"], max_context=1600, steps=64)
+    rng = np.random.default_rng(0)
+    for start in range(0, 1500, 64):
+        chunk = rng.integers(3, 120, size=min(64, 1500 - start))
+        runner.forward(chunk, range(start, start + len(chunk)))
+        runner.commit(len(chunk))
+    before = runner.cache.copy()
+    runner.forward([5, 6, 7, 8, 9], range(1500, 1505))
+    pointers = {value.data_ptr() for value in runner._binding.get_outputs()}
+    cache_blocks = {runner.cache[layer, kind].ctypes.data for layer in range(runner.spec.num_layers) for kind in (0, 1)}
+    # every present output is a cache block itself (no past-sized output allocated); the only other one is logits
+    assert cache_blocks <= pointers and len(pointers) == len(cache_blocks) + 1
+    changed = np.any(runner.cache != before, axis=(0, 1, 2, 3, 5))
+    assert changed[1500:1505].all() and not changed[:1500].any() and not changed[1505:].any()
+
+
+def test_greedy_speculative_equals_target_only_on_a_fused_pair(tiny_bundle):
+    """Through SpeculativeDecoder (make_runner): greedy chain and tree drafting == target-only, fused runners."""
+    from specdec import SpeculativeDecoder
+
+    manifest = Manifest.read(tiny_bundle)
+    assert manifest.target.graph == "fused" and manifest.draft.graph == "fused"
+    decoder = SpeculativeDecoder.load(tiny_bundle)
+    assert isinstance(decoder.target, FusedRunner) and isinstance(decoder.draft, FusedRunner)
+    prompt = "def add(a, b):\n    return"
+    baseline = decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0)
+    for gamma in (1, 3, 6):
+        result = decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=gamma, proposer="draft")
+        assert result.token_ids == baseline.token_ids, gamma
+    for tree in ("2,2,1", "auto"):
+        result = decoder.generate(prompt, max_new_tokens=40, tree=tree, proposer="draft")
+        assert result.token_ids == baseline.token_ids, tree
+
+
+def test_fused_bundles_are_refused_for_tensorrt(tiny_bundle):
+    """TensorRT (engines/ and the tensorrt providers) refuses a fused bundle with one clear line."""
+    from specdec.engines.records import require_standard_form
+    from specdec.engines.tensorrt_build import check_engine_ready
+
+    spec = Manifest.read(tiny_bundle).target
+    for check in (require_standard_form, check_engine_ready):
+        with pytest.raises(BundleError, match="--graph standard"):
+            check(spec)
+    for provider in ("tensorrt", "tensorrt-native"):
+        with pytest.raises(BundleError, match="--graph standard"):
+            FusedRunner(str(tiny_bundle / spec.onnx_file), spec, provider, 64, 8)
+
+
+def test_graph_option_is_validated(tmp_path):
+    with pytest.raises(ValueError, match="--graph"):
+        ExportOptions(target="x", draft=None, out=tmp_path, graph="fast")
+    with pytest.raises(ValueError, match="--graph fused"):
+        ExportOptions(target="x", draft=None, out=tmp_path, graph="fused", quant="int4-qdq")
+    assert ExportOptions(target="x", draft=None, out=tmp_path).graph == "fused"
+    assert ExportOptions(target="x", draft=None, out=tmp_path, dtype="float16").graph == "standard"
+    assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4-qdq").graph == "standard"
+
+
+def test_old_manifests_load_as_standard(tiny_bundle):
+    """A manifest written before the graph fields existed reads as the standard form."""
+    import json
+
+    data = json.loads((tiny_bundle / "manifest.json").read_text())
+    for role in ("target", "draft"):
+        del data[role]["graph"], data[role]["kv_layout"]
+    manifest = Manifest.from_json(json.dumps(data))
+    assert manifest.target.graph == "standard" and manifest.target.kv_layout == "split-bsnh"
+    data["target"]["graph"] = "fused"  # a form with the wrong layout is refused
+    with pytest.raises(BundleError, match="layout"):
+        Manifest.from_json(json.dumps(data))
+
+
+def _tied_model(folder):
+    """A tiny qwen2 whose lm_head is its embedding (tie_word_embeddings), like the Qwen2.5 pair."""
+    import transformers as tf
+
+    from tiny_models import tiny_config, tiny_tokenizer
+
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder, model.get_input_embeddings().weight.detach().numpy()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
+    """int4: every MatMul (lm_head too) is MatMulNBits; the embedding is GatherBlockQuantized, sharing the
+    lm_head's int4 weights when tied, and dequantizes to the float table within one quantization step."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    if tied:
+        folder, table = _tied_model(tmp_path / "hf")
+    else:
+        folder = build_tiny_model(tmp_path / "hf", "llama", seed=0)
+        table = None
+    manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=tmp_path / "b", quant="int4"),
+                             progress=lambda msg: None)
+    assert manifest.target.graph == "fused" and isinstance(manifest.extra["parity_max_abs_error"]["target"]["int4"], dict)
+    model = onnx.load(str(tmp_path / "b/target/model.onnx"))
+    graph = model.graph
+    ops = collections.Counter(n.op_type for n in graph.node)
+    assert ops["MatMul"] == 0 and ops["Gemm"] == 0 and ops["Gather"] == 0 and ops["GatherBlockQuantized"] == 1
+    vocab, hidden = 128, 64
+    assert not [t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [vocab, hidden]]
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    reshape = next(n for n in graph.node if n.output[0] == gather.input[0])
+    lm_head = next(n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+    shared = reshape.input[0] == lm_head.input[1] and gather.input[2] == lm_head.input[2]
+    assert shared == tied  # stored once when tied
+    # the gathered rows are exactly the int4 weights dequantized as MatMulNBits does: (nibble - 8) * scale
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    packed = inits[reshape.input[0]].reshape(vocab, -1)
+    scales = inits[gather.input[2]]
+    nibbles = np.stack([packed & 15, packed >> 4], axis=-1).reshape(vocab, -1).astype(np.float32)
+    block = hidden // scales.shape[1]
+    expected = ((nibbles - 8) * np.repeat(scales, block, axis=1))[:, :hidden]
+    sub = helper.make_model(helper.make_graph(
+        [reshape, gather], "embed", [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, vocab])],
+        [helper.make_tensor_value_info(gather.output[0], onnx.TensorProto.FLOAT, None)],
+        [t for t in graph.initializer if t.name in (*reshape.input, *gather.input)]), opset_imports=model.opset_import)
+    from specdec.runtime.model_runner import session_options
+
+    rows = ort.InferenceSession(sub.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": np.arange(vocab, dtype=np.int64)[None]})[0][0]
+    assert np.abs(rows - expected).max() < 1e-6
+    if table is not None:
+        assert (np.abs(rows - table) <= np.abs(np.repeat(scales, block, axis=1))[:, :hidden] + 1e-6).all()

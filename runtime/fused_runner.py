@@ -37,6 +37,7 @@ def check_fused_provider(spec: ModelSpec, provider: str) -> None:
     if provider in ("tensorrt", "tensorrt-native"):
         raise BundleError(f"the {spec.role} graph is the fused onnxruntime form (GroupQueryAttention), which TensorRT "
                           "cannot run: export the bundle with --graph standard for TensorRT")
+    providers_for(provider)  # an unknown provider or a missing package is reported as for the standard form
     if provider != "cpu":
         raise BundleError(f"the {spec.role} graph is the fused form, which specdec runs on provider cpu only: "
                           f"export with --graph standard for provider {provider}")

@@ -37,6 +37,19 @@ def tiny_bundle(tiny_pair_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_standard_bundle(tiny_pair_dirs, tmp_path_factory):
+    """The tiny pair in the standard (portable, TensorRT-input) graph form; tiny_bundle is the default fused form."""
+    pytest.importorskip("torch")
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    target, draft = tiny_pair_dirs
+    out = tmp_path_factory.mktemp("bundles") / "tiny-standard"
+    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, graph="standard"),
+                  progress=lambda msg: None)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_decoder(tiny_bundle):
     from specdec import SpeculativeDecoder
 
@@ -44,14 +57,14 @@ def tiny_decoder(tiny_bundle):
 
 
 @pytest.fixture
-def long_decoder_bundle_free_runner(tiny_bundle):
+def long_decoder_bundle_free_runner(tiny_standard_bundle):
     """A target ModelRunner with a 2048-slot cache whose onnxruntime run is a no-op (host work only)."""
     from specdec.runtime.manifest import Manifest
     from specdec.runtime.model_runner import ModelRunner
 
-    manifest = Manifest.read(tiny_bundle)
+    manifest = Manifest.read(tiny_standard_bundle)
     spec = manifest.target
-    runner = ModelRunner(str(tiny_bundle / spec.onnx_file), spec, "cpu", 2048, 64)
+    runner = ModelRunner(str(tiny_standard_bundle / spec.onnx_file), spec, "cpu", 2048, 64)
     runner.session.run_with_iobinding = lambda binding: None
     return runner
 

@@ -13,8 +13,8 @@ from specdec.runtime.manifest import BundleError, Manifest
 DEVICE = DeviceInfo(tensorrt_version="10.3.0", compute_capability="8.7")
 
 
-def test_profiles_cover_decode_verify_and_prefill_over_the_context(tiny_bundle):
-    spec = Manifest.read(tiny_bundle).target
+def test_profiles_cover_decode_verify_and_prefill_over_the_context(tiny_standard_bundle):
+    spec = Manifest.read(tiny_standard_bundle).target
     limits = ProfileLimits(max_context=256, max_verify=9, max_prefill=64)
     profiles = build_profiles(spec, limits)
     assert [p.name for p in profiles] == ["decode", "verify", "prefill"]
@@ -33,11 +33,11 @@ def test_profiles_cover_decode_verify_and_prefill_over_the_context(tiny_bundle):
 
 
 @pytest.fixture
-def bundle_with_fake_engine(tiny_bundle, tmp_path):
+def bundle_with_fake_engine(tiny_standard_bundle, tmp_path):
     import shutil
 
     root = tmp_path / "bundle"
-    shutil.copytree(tiny_bundle, root)
+    shutil.copytree(tiny_standard_bundle, root)
     engine = root / "engines" / "target.engine"
     engine.parent.mkdir()
     engine.write_bytes(b"not really a TensorRT plan")
@@ -81,18 +81,18 @@ def test_unknown_engine_is_refused(bundle_with_fake_engine):
         verified_engine(bundle_with_fake_engine, manifest, "draft", DEVICE)
 
 
-def test_int4_bundles_are_refused_for_tensorrt_with_a_reason(tiny_bundle):
+def test_int4_bundles_are_refused_for_tensorrt_with_a_reason(tiny_standard_bundle):
     from specdec.engines.tensorrt_build import check_engine_ready
 
-    spec = dataclasses.replace(Manifest.read(tiny_bundle).target, quant="int4")
+    spec = dataclasses.replace(Manifest.read(tiny_standard_bundle).target, quant="int4")
     with pytest.raises(ValueError, match="MatMulNBits.*TensorRT cannot parse.*int4-qdq"):
         check_engine_ready(spec)
     check_engine_ready(dataclasses.replace(spec, quant="int4-qdq"))  # DequantizeLinear + MatMul: TensorRT's form
 
 
-def test_memory_budget_suggests_a_context_that_fits(tiny_bundle):
-    manifest = Manifest.read(tiny_bundle)
-    plan = budget(tiny_bundle, manifest, max_context=512)
+def test_memory_budget_suggests_a_context_that_fits(tiny_standard_bundle):
+    manifest = Manifest.read(tiny_standard_bundle)
+    plan = budget(tiny_standard_bundle, manifest, max_context=512)
     assert plan.weights > 0 and plan.kv_cache > 0
     check_fits(plan, manifest, available=plan.total * 2, max_context=512)
     tight = plan.total - plan.kv_cache // 2
@@ -102,7 +102,7 @@ def test_memory_budget_suggests_a_context_that_fits(tiny_bundle):
         check_fits(plan, manifest, available=plan.weights // 2, max_context=512)
 
 
-def test_gpu_providers_without_their_packages_say_what_to_install(tiny_bundle):
+def test_gpu_providers_without_their_packages_say_what_to_install(tiny_standard_bundle):
     import onnxruntime
 
     from specdec import SpeculativeDecoder
@@ -111,11 +111,11 @@ def test_gpu_providers_without_their_packages_say_what_to_install(tiny_bundle):
         pytest.skip("this machine has onnxruntime-gpu")
     with pytest.raises(ValueError, match="provider cuda requested but onnxruntime has no CUDAExecutionProvider: "
                                          "install onnxruntime-gpu"):
-        SpeculativeDecoder.load(tiny_bundle, provider="cuda")
+        SpeculativeDecoder.load(tiny_standard_bundle, provider="cuda")
     with pytest.raises(ValueError, match="TensorRT is not installed|cuda-python is not installed"):
-        SpeculativeDecoder.load(tiny_bundle, provider="tensorrt-native")
+        SpeculativeDecoder.load(tiny_standard_bundle, provider="tensorrt-native")
     with pytest.raises(ValueError, match="provider 'npu' is not one of"):
-        SpeculativeDecoder.load(tiny_bundle, provider="npu")
+        SpeculativeDecoder.load(tiny_standard_bundle, provider="npu")
 
 
 @pytest.mark.gpu

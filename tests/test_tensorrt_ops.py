@@ -115,7 +115,8 @@ def tensorrt_problems(model) -> list:
 
 @pytest.fixture(scope="module")
 def standard_graphs(tmp_path_factory):
-    """Standard-form tiny target graphs: every architecture in float32, llama in float16 and int4-qdq."""
+    """(graph, parity report) of standard-form tiny targets: every architecture in float32 (with parity),
+    llama in float16 and int4-qdq."""
     root = tmp_path_factory.mktemp("trt")
     cases = [(arch, "float32", "none") for arch in ARCHS] + [("llama", "float16", "none"),
                                                              ("llama", "float32", "int4-qdq")]
@@ -125,15 +126,28 @@ def standard_graphs(tmp_path_factory):
         if not model.exists():
             build_tiny_model(model, arch, seed=0)
         out = root / f"{arch}-{dtype}-{quant}"
-        export_bundle(ExportOptions(target=str(model), draft=None, out=out, dtype=dtype, quant=quant,
-                                    graph="standard", parity=False), progress=lambda msg: None)
-        graphs[(arch, dtype, quant)] = onnx.load(str(out / "target/model.onnx"), load_external_data=False)
+        manifest = export_bundle(ExportOptions(target=str(model), draft=None, out=out, dtype=dtype, quant=quant,
+                                               graph="standard", parity=dtype == "float32" and quant == "none"),
+                                 progress=lambda msg: None)
+        graphs[(arch, dtype, quant)] = (onnx.load(str(out / "target/model.onnx"), load_external_data=False),
+                                        manifest.extra["parity_max_abs_error"].get("target", {}))
     return graphs
+
+
+def test_standard_form_matches_pytorch_for_every_architecture(standard_graphs):
+    """The standard form's parity (prefill, decode, chain verify, tree) stays within 1e-4 (fused is the default,
+    so test_export_architectures checks the fused form)."""
+    for (arch, dtype, quant), (_, parity) in standard_graphs.items():
+        if dtype == "float32" and quant == "none":
+            report = parity["float"]
+            assert set(report) == {"prefill", "decode", "chain_verify", "tree"}
+            for scenario, errors in report.items():
+                assert errors["logits"] < 1e-4 and errors["kv"] < 1e-4, (arch, scenario, errors)
 
 
 def test_standard_form_uses_only_what_tensorrt_parses(standard_graphs):
     """Every standard-form graph (8 architectures, float16, int4 QDQ) passes the pinned TensorRT 10.x op table."""
-    for case, model in standard_graphs.items():
+    for case, (model, _) in standard_graphs.items():
         assert tensorrt_problems(model) == [], case
 
 
@@ -143,7 +157,7 @@ def test_the_check_rejects_a_fused_graph_and_a_dynamic_axes(standard_graphs, tin
     problems = tensorrt_problems(fused)
     assert any("GroupQueryAttention" in p for p in problems) and any("custom domains" in p for p in problems)
     planted = onnx.ModelProto()
-    planted.CopyFrom(standard_graphs[("llama", "float32", "none")])
+    planted.CopyFrom(standard_graphs[("llama", "float32", "none")][0])
     node = next(n for n in planted.graph.node if n.op_type == "ReduceMean")
     shape = onnx.helper.make_node("Shape", [node.input[0]], ["planted_shape"])
     axes = onnx.helper.make_node("Slice", ["planted_shape", node.input[1], node.input[1]], ["planted_axes"])

@@ -80,6 +80,9 @@ class ModelSpec:
     bos_token_id: int | None
     eos_token_ids: tuple  # of int
     pad_token_id: int | None
+    # a draft with a pruned vocabulary (specdec.runtime.vocab_map): bundle-relative .npy of the K token ids its
+    # logits score, ascending; None = logits over the whole vocabulary
+    vocab_subset: str | None = None
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -192,3 +192,91 @@ def test_cli_prunes_into_a_new_folder(tiny_bundle, corpus_dir, tmp_path):
                  "--draft-vocab-corpus", str(corpus_dir)]) == 0
     assert (tmp_path / "k32" / "draft" / "vocab_subset.npy").is_file()
     assert main(["--prune-draft-vocab", str(tiny_bundle), "many", "--out", str(tmp_path / "x")]) == 2
+
+
+# ---------------------------------------------------------------- lm_head forms, on one-node graphs
+
+HIDDEN, VOCAB, K_KEPT = 64, 96, 20
+
+
+def _head_graph(form: str):
+    """x [1, T, H] -> lm_head -> logits [1, T, V] in one of the forms an exporter or quantizer writes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    weight = rng.normal(size=(HIDDEN, VOCAB)).astype(np.float32)
+    nodes, inits = [], []
+    if form == "tied":  # lm_head = Transpose(embedding [V, H])
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), "embed"))
+        nodes.append(helper.make_node("Transpose", ["embed"], ["w"], perm=[1, 0]))
+        nodes.append(helper.make_node("Gather", ["embed", "ids"], ["rows"]))  # the embedding's own reader
+        inits.append(numpy_helper.from_array(np.array([0, VOCAB - 1], dtype=np.int64), "ids"))
+    elif form == "gemm":
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(weight.T), "w"))
+        inits.append(numpy_helper.from_array(rng.normal(size=VOCAB).astype(np.float32), "bias"))
+    else:
+        inits.append(numpy_helper.from_array(weight, "w"))
+    if form == "gemm":
+        nodes += [helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+                  helper.make_node("Gemm", ["x2", "w", "bias"], ["logits"], transB=1)]
+        inits.append(numpy_helper.from_array(np.array([-1, HIDDEN], dtype=np.int64), "flat"))
+        shape = ["tokens", VOCAB]
+    elif form == "softcap":  # Gemma-style: tanh(z / c) * c after the MatMul
+        inits.append(numpy_helper.from_array(np.array(30.0, dtype=np.float32), "cap"))
+        nodes += [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Div", ["z", "cap"], ["d"]),
+                  helper.make_node("Tanh", ["d"], ["t"]), helper.make_node("Mul", ["t", "cap"], ["logits"])]
+        shape = [1, "tokens", VOCAB]
+    else:
+        nodes.append(helper.make_node("MatMul", ["x", "w"], ["logits"]))
+        shape = [1, "tokens", VOCAB]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "tokens", HIDDEN])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, shape)]
+                              + ([helper.make_tensor_value_info("rows", TensorProto.FLOAT, [2, HIDDEN])]
+                                 if form == "tied" else []), initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    if form == "nbits":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, accuracy_level=4)
+        quantizer.process()
+        model = quantizer.model.model
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("form", ["matmul", "tied", "gemm", "softcap", "nbits"])
+def test_every_lm_head_form_is_sliced_to_the_kept_rows(form):
+    """Pruned graph output == full graph output[..., kept] for MatMul, tied Transpose, Gemm, soft-cap, MatMulNBits."""
+    import onnxruntime as ort
+
+    from specdec.export.vocab_prune import prune_lm_head
+    from specdec.runtime.model_runner import session_options
+
+    model = _head_graph(form)
+    kept = np.sort(np.random.default_rng(2).choice(VOCAB, K_KEPT, replace=False)).astype(np.int64)
+    x = {"x": np.random.default_rng(3).normal(size=(1, 3, HIDDEN)).astype(np.float32)}
+    full = ort.InferenceSession(model.SerializeToString(), session_options()).run(["logits"], x)[0]
+    found = prune_lm_head(model, kept, VOCAB)
+    assert found == {"tied": "MatMul", "softcap": "MatMul"}.get(form, {"nbits": "MatMulNBits"}.get(form, found))
+    pruned = ort.InferenceSession(model.SerializeToString(), session_options()).run(["logits"], x)[0]
+    assert pruned.shape[-1] == K_KEPT
+    np.testing.assert_allclose(pruned, full[..., kept], rtol=1e-6, atol=1e-6)
+    if form == "tied":  # the shared embedding is left as it was, full vocabulary
+        embed = next(t for t in model.graph.initializer if t.name == "embed")
+        assert list(embed.dims) == [VOCAB, HIDDEN]
+        assert not any(n.op_type == "Transpose" for n in model.graph.node)  # the old lm_head path is gone
+
+
+def test_an_lm_head_it_does_not_understand_is_refused():
+    """logits from something other than a constant-weight projection: a clear PruneError, not a wrong graph."""
+    from onnx import TensorProto, helper
+
+    from specdec.export.vocab_prune import PruneError, prune_lm_head
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"])], "head",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, HIDDEN]),
+                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [HIDDEN, VOCAB])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2, VOCAB])])
+    with pytest.raises(PruneError, match="not a constant"):
+        prune_lm_head(helper.make_model(graph), np.arange(4), VOCAB)

@@ -16,7 +16,7 @@ import pydoc
 
 LONG_CONTEXT_TOKENS = 1500
 LONG_CODE_MODULES = ("argparse", "difflib", "textwrap", "calendar", "json.decoder", "heapq")
-LONG_DOCS_MODULES = ("shlex", "fractions")
+LONG_DOCS_MODULES = ("fractions", "statistics")
 
 
 def long_context_prompts(encode, decode, tokens: int = LONG_CONTEXT_TOKENS, code_modules=LONG_CODE_MODULES,

@@ -125,7 +125,6 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
             "summary": summarize(runs, costs_by_context, temperature)}
 
 
-
 def _costs_dict(costs: Costs) -> dict:
     return {"draft_step": costs.draft_step, "verify": list(costs.verify)}
 
@@ -135,7 +134,6 @@ def decode_context(decoder, prompts: list, max_new_tokens: int, widest_pass: int
     lengths = sorted(len(decoder.codec.encode(item["prompt"])) for item in prompts)
     limit = decoder.target.max_context - widest_pass - 1
     return min(lengths[len(lengths) // 2] + max_new_tokens // 2, limit)
-
 
 
 def current_rss_mib() -> float | None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .pair import DEFAULT_PAIR, PAIRS
+from .vocab_prune import DEFAULT_DRAFT_VOCAB
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="draft: weights per quantization scale (default 128: a faster draft; its accuracy "
                              "only moves the acceptance rate, never the output)")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
-    parser.add_argument("--draft-vocab", type=int, default=None, metavar="K",
-                        help="prune the draft's output vocabulary to the K most frequent tokens of a corpus "
-                             "(default corpus: the Python standard library); the target is untouched")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="K", nargs="?", const=DEFAULT_DRAFT_VOCAB,
+                        help="prune the draft's output vocabulary to the K (default "
+                             f"{DEFAULT_DRAFT_VOCAB}) most frequent tokens of a corpus (default corpus: the Python "
+                             "standard library); the target is untouched")
     parser.add_argument("--draft-vocab-corpus", metavar="DIR", default=None,
                         help="count token frequencies in the text files under DIR instead of the standard library")
     return parser

@@ -31,6 +31,10 @@ from specdec.runtime.bundle import open_bundle
 from specdec.runtime.manifest import MANIFEST_NAME, BundleError, Manifest, TensorSpec
 
 SUBSET_NAME = "vocab_subset.npy"
+# Measured on the Qwen2.5-Coder 0.5B/1.5B int4 pair (12 public prompts, greedy g=2, draft step / target step at
+# context 256, a loaded 2-core CPU): full 151,936 tokens 0.31x, per-token acceptance 0.767; 64k 0.26x, 0.757;
+# 32k 0.25x, 0.739; 16k 0.27x (noisy), 0.723. Predicted g=2 speedup (c(3) = 1.22 c(1)): 1.29x, 1.34x, 1.33x, 1.28x.
+DEFAULT_DRAFT_VOCAB = 65536
 STDLIB_CHARS = 16_000_000  # the whole library (~12M characters, ~3M Qwen tokens, ~32k distinct) in 3.11
 TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".json", ".toml")
 # nodes between the lm_head and the logits output that act elementwise (their other inputs are scalars)

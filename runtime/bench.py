@@ -219,13 +219,18 @@ def summarize(runs: list, costs_by_context, temperature: float) -> list:
             if mode.isdigit() and mode != "0" and acceptance is not None:
                 context = sum(r.get("prompt_tokens", 0) + r["new_tokens"] / 2 for r in chosen) / len(chosen)
                 predicted = expected_speedup(min(acceptance, 0.999999), int(mode), _closest(costs_by_context, context))
+            in_run = None  # the same formula on this run's own pass times: calibration error vs estimator error
+            if predicted is not None and rounds and proposed and _total(base, "rounds"):
+                c1 = _total(base, "verify_seconds") / _total(base, "rounds")
+                in_run = expected_speedup(min(acceptance, 0.999999), int(mode), Costs(
+                    _total(chosen, "draft_seconds") / proposed, (c1,) * int(mode) + (_total(chosen, "verify_seconds") / rounds,)))
             identical = sum(r["tokens"] == b["tokens"] for r, b in zip(chosen, base)) if temperature == 0 else None
             rss = [r.get("rss_mib") for r in chosen if r.get("rss_mib") is not None]
             rows.append({
                 "kind": kind, "mode": mode, "runs": len(chosen), "tokens_per_s": decode_rate,
                 "speedup": decode_rate / base_decode if decode_rate else None,  # decode-only
                 "end_to_end_speedup": e2e_rate / base_e2e if e2e_rate else None,
-                "predicted_speedup": predicted,
+                "predicted_speedup": predicted, "predicted_from_run_passes": in_run,
                 "acceptance": acceptance,  # per token: accepted / (accepted + rounds with a rejection)
                 "accepted_per_proposed": accepted / proposed if proposed else None,
                 "accepted_per_round": accepted / rounds if accepted is not None and rounds else None,
@@ -243,17 +248,18 @@ def _cell(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def markdown(report: dict) -> str:
     lines = [
-        "| kind | mode | tok/s | decode speedup | predicted | end-to-end speedup | acceptance / token | "
-        "accepted/proposed | accepted/round | tokens/target pass | prefill s | draft s | verify s | host s | "
-        "RSS MiB | greedy == target-only |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | mode | tok/s | decode speedup | predicted | predicted (run's passes) | end-to-end speedup | "
+        "acceptance / token | accepted/proposed | accepted/round | tokens/target pass | prefill s | draft s | "
+        "verify s | host s | RSS MiB | greedy == target-only |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["summary"]:
         identical = f"{row['identical_to_target_only']}/{row['runs']}" if row["identical_to_target_only"] is not None else "-"
         mode = {"0": "target only"}.get(row["mode"], row["mode"] if not row["mode"].isdigit() else f"draft g={row['mode']}")
         lines.append(
             f"| {row['kind']} | {mode} | {_cell(row['tokens_per_s'])} | {_cell(row['speedup'], '.2f', 'x')} | "
-            f"{_cell(row['predicted_speedup'], '.2f', 'x')} | {_cell(row['end_to_end_speedup'], '.2f', 'x')} | "
+            f"{_cell(row['predicted_speedup'], '.2f', 'x')} | {_cell(row['predicted_from_run_passes'], '.2f', 'x')} | "
+            f"{_cell(row['end_to_end_speedup'], '.2f', 'x')} | "
             f"{_cell(row['acceptance'])} | {_cell(row['accepted_per_proposed'])} | {_cell(row['accepted_per_round'])} | "
             f"{_cell(row['tokens_per_target_pass'])} | {_cell(row['prefill_s'], '.1f')} | {_cell(row['draft_s'], '.1f')} | "
             f"{_cell(row['verify_s'], '.1f')} | {_cell(row['host_s'], '.2f')} | {_cell(row['rss_mib'], '.0f')} | {identical} |"
@@ -261,7 +267,8 @@ def markdown(report: dict) -> str:
     lines.append("")
     lines.append("Decode speedup: decode loop only; end-to-end: prefill included (speculative modes also prefill the "
                  "draft). Predicted: Leviathan et al.'s speedup from the calibrated pass costs and the per-token "
-                 "acceptance accepted / (accepted + rounds with a rejection).")
+                 "acceptance accepted / (accepted + rounds with a rejection); run's passes: the same formula on "
+                 "this run's own mean pass times (target-only c(1), this mode's c(g+1) and draft step).")
     by_context = report.get("costs_by_context") or {str(CALIBRATION_CONTEXT): report["costs"]}
     short = by_context.get(str(CALIBRATION_CONTEXT), report["costs"])
     for context, costs in by_context.items():

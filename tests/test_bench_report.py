@@ -44,6 +44,7 @@ def test_prediction_matches_a_simulated_run_with_the_per_token_acceptance(gamma)
     runs = _simulated_runs(gamma, 0.8, 4000, seed=gamma)
     row = next(r for r in summarize(runs, COSTS, 0.0) if r["kind"] == "all" and r["mode"] == str(gamma))
     assert row["predicted_speedup"] == pytest.approx(row["speedup"], rel=0.03)
+    assert row["predicted_from_run_passes"] == pytest.approx(row["predicted_speedup"], rel=1e-9)  # same pass costs
     assert row["acceptance"] == pytest.approx(0.8, abs=0.02)
     old = expected_speedup(row["accepted_per_proposed"], gamma, COSTS)  # the estimator the README used
     if gamma > 1:
@@ -79,7 +80,7 @@ def test_peer_unknowns_print_as_dashes():
     assert row["acceptance"] is None and row["tokens_per_target_pass"] is None and row["accepted_per_round"] is None
     line = next(line for line in markdown(report).splitlines() if "genai:ngram" in line and "| all |" in line)
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[6:10] == ["-", "-", "-", "-"]  # acceptance / token, accepted/proposed, accepted/round, tokens/pass
+    assert cells[7:11] == ["-", "-", "-", "-"]  # acceptance / token, accepted/proposed, accepted/round, tokens/pass
 
 
 def test_prediction_uses_the_costs_calibrated_nearest_the_runs_context():

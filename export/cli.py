@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ import traceback
 from pathlib import Path
 
 from .pair import DEFAULT_PAIR, PAIRS
+from .vocab_prune import DEFAULT_DRAFT_VOCAB
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--target", help="target model: a local Hugging Face folder or a .gguf file")
     source.add_argument("--pair", choices=sorted(PAIRS), help=f"a known pair from pinned packages (e.g. {DEFAULT_PAIR})")
     source.add_argument("--build-engine", metavar="BUNDLE", help="build TensorRT engines for an existing bundle")
+    source.add_argument("--prune-draft-vocab", nargs=2, metavar=("BUNDLE", "K"),
+                        help="write a copy of BUNDLE (to --out, a new folder) whose draft scores only the K most "
+                             "frequent tokens of a corpus (FR-Spec): a cheaper draft step, outputs unchanged")
     parser.add_argument("--draft", help="draft model: a local Hugging Face folder or a .gguf file (optional)")
     parser.add_argument("--out", type=Path, help="bundle folder to write (replaced atomically)")
     parser.add_argument("--engine", choices=["none", "tensorrt"], default="none",
@@ -47,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "in place (CPU, fastest); standard = portable ONNX (TensorRT's input); auto (default) = "
                              "fused for float32 onnxruntime bundles, standard otherwise")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="K", nargs="?", const=DEFAULT_DRAFT_VOCAB,
+                        help="prune the draft's output vocabulary to the K (default "
+                             f"{DEFAULT_DRAFT_VOCAB}) most frequent tokens of a corpus (default corpus: the Python "
+                             "standard library); the target is untouched")
+    parser.add_argument("--draft-vocab-corpus", metavar="DIR", default=None,
+                        help="count token frequencies in the text files under DIR instead of the standard library")
     return parser
 
 
@@ -96,6 +107,18 @@ def _main(args) -> int:
             return _build_engines(args.build_engine, args, progress)
         if args.out is None:
             raise ValueError("--out is required")
+        if args.prune_draft_vocab:
+            bundle, k = args.prune_draft_vocab
+            return _prune(bundle, _vocab_k(k), args.out, args.draft_vocab_corpus, progress)
+        if args.draft_vocab is not None:
+            _vocab_k(args.draft_vocab)
+            if not args.draft and not args.pair:
+                raise ValueError("--draft-vocab prunes the draft: give --draft (or --pair)")
+            if args.draft_vocab_corpus and not Path(args.draft_vocab_corpus).is_dir():
+                raise ValueError(f"--draft-vocab-corpus {args.draft_vocab_corpus} is not a folder")
+            from .bundle import _check_destination
+
+            _check_destination(args.out)
         if args.engine == "tensorrt" and args.graph == "fused":
             raise ValueError("--engine tensorrt needs --graph standard (TensorRT cannot build the fused onnxruntime form)")
         if args.engine == "tensorrt" and args.graph == "auto":
@@ -107,13 +130,21 @@ def _main(args) -> int:
             target, draft = pair_sources(args.pair, progress)
         else:
             target, draft = args.target, args.draft
+        full_out = args.out if args.draft_vocab is None else args.out.parent / f".{args.out.name}.full-{os.getpid()}"
         options = ExportOptions(
-            target=str(target), draft=str(draft) if draft else None, out=args.out, dtype=args.dtype,
+            target=str(target), draft=str(draft) if draft else None, out=full_out, dtype=args.dtype,
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level, graph=args.graph,
             **{name: value for name, value in (("block_size", args.block_size),
                                                ("draft_block_size", args.draft_block_size)) if value is not None},
         )
         manifest = export_bundle(options, progress)
+        if args.draft_vocab is not None:  # the whole bundle replaces --out only once it is pruned
+            try:
+                from .vocab_prune import prune_bundle
+
+                manifest = prune_bundle(full_out, args.draft_vocab, args.out, args.draft_vocab_corpus, progress)
+            finally:
+                shutil.rmtree(full_out, ignore_errors=True)
         if args.engine == "tensorrt":
             return _build_engines(args.out, args, progress)
     except (ValueError, OSError) as exc:
@@ -126,6 +157,27 @@ def _main(args) -> int:
         _debug(exc)
         return 1
     print(summary(manifest, args.out))
+    return 0
+
+
+def _vocab_k(value) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        raise ValueError(f"K (the draft's vocabulary size) must be an integer, got {value!r}") from None
+    if k < 2:
+        raise ValueError(f"K (the draft's vocabulary size) must be at least 2, got {k}")
+    return k
+
+
+def _prune(bundle: str, k: int, out: Path, corpus, progress) -> int:
+    from .vocab_prune import prune_bundle
+
+    manifest = prune_bundle(bundle, k, out, corpus, progress)
+    notes = manifest.extra["draft_vocab"]
+    print(f"bundle written to {out}: draft vocabulary {notes['k']} of {notes['of']} tokens "
+          f"({notes['corpus_token_coverage']:.2%} of the corpus's tokens), lm_head {notes['lm_head']}, "
+          f"max |logit error| on kept ids {notes.get('max_abs_error_on_kept_logits', float('nan')):.2e}")
     return 0
 
 

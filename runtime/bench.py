@@ -2,9 +2,13 @@
 
 Modes (draft lengths, "auto", 0 = target-only) run interleaved per prompt, in a rotating
 order, for ``--repeat`` passes, so machine noise hits every mode alike. Reported per mode and
-prompt kind: decode tokens/s, speedup vs target-only (ratio of summed decode times for the
-same prompts), acceptance, mean accepted per round, time split, the cost model's predicted
-speedup, and (greedy) how many outputs are token-identical to target-only.
+prompt kind: decode tokens/s; speedup vs target-only (ratio of summed times for the same
+prompts), decode-only and end-to-end (prefill included: only speculative modes prefill a
+draft); the per-token acceptance (the geometric model's estimate, the one the cost model
+takes) beside accepted/proposed; mean accepted per round; time split; resident memory; the
+cost model's predicted speedup (costs calibrated at context 256 and, for a long-prompt set,
+at its median context too); and (greedy) how many outputs are token-identical to target-only.
+Values a peer library cannot report are None ("-" in the table).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from .cost_model import expected_speedup
+from .cost_model import CALIBRATION_CONTEXT, Costs, calibrate, expected_speedup, per_token_acceptance
+
+WARM_UP_TOKENS = 8  # the untimed first request of specdec and of each peer (first runs allocate)
+LONG_CONTEXT = 512  # a prompt set whose median decode context reaches this is also calibrated there
 
 
 def add_bench_parser(commands) -> None:
@@ -166,7 +173,8 @@ def preflight(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
 def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperature: float, repeat: int,
               progress=None, peers: tuple = ()) -> dict:
     """``peers``: callables item -> runs (other libraries on the same prompt), run right after specdec's
-    modes for each prompt of the first pass, so machine drift hits them alike."""
+    modes for each prompt of the first pass, so machine drift hits them alike; each gets the same warm-up
+    as specdec (``warm_up(prompt)``) before the first timed run."""
     from .sampling import SamplingConfig
 
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -175,7 +183,16 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
     costs = decoder.costs()
     progress("verify cost c(T)/c(1): " + ", ".join(f"T={t + 1} {r:.2f}x" for t, r in enumerate(costs.relative_curve()))
              + f"; draft step {costs.draft_step / costs.verify[0]:.2f}x of a target step")
-    decoder.generate(prompts[0]["prompt"], max_new_tokens=8, sampling=sampling, num_draft_tokens=0)  # warm-up
+    costs_by_context = {CALIBRATION_CONTEXT: costs}
+    context = decode_context(decoder, prompts, max_new_tokens, len(costs.verify))
+    if context >= LONG_CONTEXT:  # a long-context set: also time the passes behind that many cached tokens
+        progress(f"calibrating pass costs again at context {context} (this prompt set's median)")
+        costs_by_context[context] = calibrate(decoder.target, decoder.draft, max_tokens=len(costs.verify),
+                                              context=context)
+    warm_up = prompts[0]["prompt"]
+    decoder.generate(warm_up, max_new_tokens=WARM_UP_TOKENS, sampling=sampling, num_draft_tokens=0)
+    for peer in peers:
+        peer.warm_up(warm_up, WARM_UP_TOKENS)
     runs = []
     total = repeat * len(prompts) * len(modes)
     done = 0
@@ -189,23 +206,90 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
                 done += 1
                 stats = result.stats
                 runs.append({"prompt": item["id"], "kind": item["kind"], "mode": str(mode), "repeat": rep,
-                             "tokens": result.token_ids, **stats.as_dict()})
+                             "tokens": result.token_ids, **stats.as_dict(), "rss_mib": current_rss_mib()})
                 progress(f"[{done}/{total}] {item['id']} draft={mode}: {stats.tokens_per_s:.1f} tok/s, "
-                         f"acceptance {stats.acceptance_rate:.2f}")
+                         f"accepted/proposed {stats.acceptance_rate:.2f}")
             if rep == 0:
                 for peer in peers:
-                    runs += peer(item)
-    return {"costs": {"draft_step": costs.draft_step, "verify": list(costs.verify)},
+                    runs += [{**run, "rss_mib": current_rss_mib()} for run in peer(item)]
+    return {"costs": _costs_dict(costs),
+            "costs_by_context": {str(ctx): _costs_dict(c) for ctx, c in costs_by_context.items()},
             "max_new_tokens": max_new_tokens, "temperature": temperature, "repeat": repeat,
-            "modes": modes, "runs": runs, "summary": summarize(runs, costs, temperature)}
+            "modes": modes, "runs": runs, "peak_rss_mib": peak_rss_mib(),
+            "summary": summarize(runs, costs_by_context, temperature)}
 
 
-def summarize(runs: list, costs, temperature: float) -> list:
-    """One row per (kind, mode), kinds plus 'all'."""
+def _costs_dict(costs: Costs) -> dict:
+    return {"draft_step": costs.draft_step, "verify": list(costs.verify)}
+
+
+def decode_context(decoder, prompts: list, max_new_tokens: int, widest_pass: int) -> int:
+    """The median number of cached tokens while decoding: prompt tokens + half the new tokens."""
+    lengths = sorted(len(decoder.codec.encode(item["prompt"])) for item in prompts)
+    limit = decoder.target.max_context - widest_pass - 1
+    return min(lengths[len(lengths) // 2] + max_new_tokens // 2, limit)
+
+
+def current_rss_mib() -> float | None:
+    """This process's resident memory now (Linux /proc), else its peak so far (getrusage), in MiB."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError, AttributeError):
+        return peak_rss_mib()
+
+
+def peak_rss_mib() -> float | None:
+    try:
+        import resource
+    except ImportError:  # not on this platform (Windows)
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+def rejected_rounds(run: dict) -> int | None:
+    """Rounds of ``run`` whose proposal met a rejection, when its counts determine it (None otherwise).
+
+    From ``GenerationStats.rejected_rounds`` when the decoder records it; a fixed chain of g=1
+    proposes one token per round, so there it is proposed - accepted."""
+    if run.get("rejected_rounds") is not None:
+        return run["rejected_rounds"]
+    if run["mode"] == "1" and run.get("proposed") is not None:
+        return run["proposed"] - run["accepted"]
+    return None
+
+
+def _total(chosen: list, key: str):
+    """Sum of ``key`` over runs, or None when any run lacks it (a peer that cannot report it)."""
+    values = [r.get(key) for r in chosen]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _closest(costs_by_context: dict, context: float) -> Costs:
+    return costs_by_context[min(costs_by_context, key=lambda ctx: abs(ctx - context))]
+
+
+def summarize(runs: list, costs_by_context, temperature: float) -> list:
+    """One row per (kind, mode), kinds plus 'all'. ``costs_by_context``: {context: Costs} (or one Costs);
+    a row's prediction uses the costs calibrated closest to its runs' mean decode context.
+
+    Speedups are ratios of summed times over the same prompts: decode-only (the decode loop) and
+    end-to-end (prefill + decode: speculative modes also prefill the draft). Peers' counts they
+    cannot report (acceptance, passes) are None."""
+    if isinstance(costs_by_context, Costs):
+        costs_by_context = {CALIBRATION_CONTEXT: costs_by_context}
     baseline = {(r["prompt"], r["repeat"]): r for r in runs if r["mode"] == "0"}
 
     def baseline_of(run):  # peers run once (repeat 0): compare with specdec's target-only run of that prompt
         return baseline.get((run["prompt"], run["repeat"])) or baseline[(run["prompt"], 0)]
+
+    def rate(chosen, seconds_keys, tokens_key="new_tokens"):
+        seconds = [sum(r[k] for k in seconds_keys) if all(r.get(k) is not None for k in seconds_keys) else None
+                   for r in chosen]
+        if any(s is None for s in seconds):
+            return None
+        return sum(r.get(tokens_key, r["new_tokens"]) for r in chosen) / max(sum(seconds), 1e-9)
 
     kinds = sorted({r["kind"] for r in runs}) + ["all"]
     modes = list(dict.fromkeys(r["mode"] for r in runs))
@@ -216,47 +300,80 @@ def summarize(runs: list, costs, temperature: float) -> list:
             if not chosen:
                 continue
             base = [baseline_of(r) for r in chosen]
+            decode_rate = rate(chosen, ("decode_seconds",), "decode_tokens")
+            e2e_rate = rate(chosen, ("prefill_seconds", "decode_seconds"))
+            base_decode, base_e2e = rate(base, ("decode_seconds",)), rate(base, ("prefill_seconds", "decode_seconds"))
             tokens = sum(r["new_tokens"] for r in chosen)
-            seconds = sum(r["decode_seconds"] for r in chosen)
-            base_rate = sum(b["new_tokens"] for b in base) / max(sum(b["decode_seconds"] for b in base), 1e-9)
-            rate = tokens / max(seconds, 1e-9)
-            proposed = sum(r["proposed"] for r in chosen)
-            accepted = sum(r["accepted"] for r in chosen)
-            acceptance = accepted / proposed if proposed else 0.0
-            rounds = sum(r["rounds"] for r in chosen)
+            proposed, accepted, rounds = (_total(chosen, key) for key in ("proposed", "accepted", "rounds"))
+            rejections = [rejected_rounds(r) for r in chosen]
+            acceptance = None
+            if accepted is not None and proposed and all(n is not None for n in rejections):
+                acceptance = per_token_acceptance(accepted, sum(rejections))
             predicted = None
-            if mode.isdigit() and mode != "0":
-                predicted = expected_speedup(min(acceptance, 0.999999), int(mode), costs)
+            if mode.isdigit() and mode != "0" and acceptance is not None:
+                context = sum(r.get("prompt_tokens", 0) + r["new_tokens"] / 2 for r in chosen) / len(chosen)
+                predicted = expected_speedup(min(acceptance, 0.999999), int(mode), _closest(costs_by_context, context))
+            in_run = None  # the same formula on this run's own pass times: calibration error vs estimator error
+            if predicted is not None and rounds and proposed and _total(base, "rounds"):
+                c1 = _total(base, "verify_seconds") / _total(base, "rounds")
+                in_run = expected_speedup(min(acceptance, 0.999999), int(mode), Costs(
+                    _total(chosen, "draft_seconds") / proposed, (c1,) * int(mode) + (_total(chosen, "verify_seconds") / rounds,)))
             identical = sum(r["tokens"] == b["tokens"] for r, b in zip(chosen, base)) if temperature == 0 else None
+            rss = [r.get("rss_mib") for r in chosen if r.get("rss_mib") is not None]
             rows.append({
-                "kind": kind, "mode": mode, "runs": len(chosen), "tokens_per_s": rate, "speedup": rate / base_rate,
-                "predicted_speedup": predicted, "acceptance": acceptance,
-                "accepted_per_round": accepted / rounds if rounds else 0.0,
-                "tokens_per_target_pass": tokens / max(rounds, 1),  # one verify pass per round
-                "draft_s": sum(r["draft_seconds"] for r in chosen), "verify_s": sum(r["verify_seconds"] for r in chosen),
-                "host_s": sum(r["host_seconds"] for r in chosen), "identical_to_target_only": identical,
+                "kind": kind, "mode": mode, "runs": len(chosen), "tokens_per_s": decode_rate,
+                "speedup": decode_rate / base_decode if decode_rate else None,  # decode-only
+                "end_to_end_speedup": e2e_rate / base_e2e if e2e_rate else None,
+                "predicted_speedup": predicted, "predicted_from_run_passes": in_run,
+                "acceptance": acceptance,  # per token: accepted / (accepted + rounds with a rejection)
+                "accepted_per_proposed": accepted / proposed if proposed else None,
+                "accepted_per_round": accepted / rounds if accepted is not None and rounds else None,
+                "tokens_per_target_pass": tokens / rounds if rounds else None,  # one verify pass per round
+                "prefill_s": _total(chosen, "prefill_seconds"), "draft_s": _total(chosen, "draft_seconds"),
+                "verify_s": _total(chosen, "verify_seconds"), "host_s": _total(chosen, "host_seconds"),
+                "rss_mib": max(rss) if rss else None, "identical_to_target_only": identical,
             })
     return rows
 
 
+def _cell(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
 def markdown(report: dict) -> str:
     lines = [
-        "| kind | mode | tok/s | speedup | predicted | acceptance | accepted/round | tokens/target pass | draft s | verify s | host s | greedy == target-only |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | mode | tok/s | decode speedup | predicted | predicted (run's passes) | end-to-end speedup | "
+        "acceptance / token | accepted/proposed | accepted/round | tokens/target pass | prefill s | draft s | "
+        "verify s | host s | RSS MiB | greedy == target-only |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["summary"]:
-        predicted = f"{row['predicted_speedup']:.2f}x" if row["predicted_speedup"] else "-"
         identical = f"{row['identical_to_target_only']}/{row['runs']}" if row["identical_to_target_only"] is not None else "-"
         mode = {"0": "target only"}.get(row["mode"], row["mode"] if not row["mode"].isdigit() else f"draft g={row['mode']}")
         lines.append(
-            f"| {row['kind']} | {mode} | {row['tokens_per_s']:.2f} | {row['speedup']:.2f}x | {predicted} | "
-            f"{row['acceptance']:.2f} | {row['accepted_per_round']:.2f} | {row['tokens_per_target_pass']:.2f} | {row['draft_s']:.1f} | {row['verify_s']:.1f} | "
-            f"{row['host_s']:.2f} | {identical} |"
+            f"| {row['kind']} | {mode} | {_cell(row['tokens_per_s'])} | {_cell(row['speedup'], '.2f', 'x')} | "
+            f"{_cell(row['predicted_speedup'], '.2f', 'x')} | {_cell(row['predicted_from_run_passes'], '.2f', 'x')} | "
+            f"{_cell(row['end_to_end_speedup'], '.2f', 'x')} | "
+            f"{_cell(row['acceptance'])} | {_cell(row['accepted_per_proposed'])} | {_cell(row['accepted_per_round'])} | "
+            f"{_cell(row['tokens_per_target_pass'])} | {_cell(row['prefill_s'], '.1f')} | {_cell(row['draft_s'], '.1f')} | "
+            f"{_cell(row['verify_s'], '.1f')} | {_cell(row['host_s'], '.2f')} | {_cell(row['rss_mib'], '.0f')} | {identical} |"
         )
-    curve = ", ".join(f"T={t + 1}: {c / report['costs']['verify'][0]:.2f}x" for t, c in enumerate(report["costs"]["verify"]))
     lines.append("")
-    lines.append(f"Target pass cost relative to T=1: {curve}. Draft step: "
-                 f"{report['costs']['draft_step'] / report['costs']['verify'][0]:.2f}x of a target step.")
+    lines.append("Decode speedup: decode loop only; end-to-end: prefill included (speculative modes also prefill the "
+                 "draft). Predicted: Leviathan et al.'s speedup from the calibrated pass costs and the per-token "
+                 "acceptance accepted / (accepted + rounds with a rejection); run's passes: the same formula on "
+                 "this run's own mean pass times (target-only c(1), this mode's c(g+1) and draft step).")
+    by_context = report.get("costs_by_context") or {str(CALIBRATION_CONTEXT): report["costs"]}
+    short = by_context.get(str(CALIBRATION_CONTEXT), report["costs"])
+    for context, costs in by_context.items():
+        curve = ", ".join(f"T={t + 1}: {c / costs['verify'][0]:.2f}x" for t, c in enumerate(costs["verify"]))
+        lines.append(f"Context {context}: target pass cost relative to its T=1: {curve}. Draft step: "
+                     f"{costs['draft_step'] / costs['verify'][0]:.2f}x of a target step. Target T=1 pass "
+                     f"{costs['verify'][0] / short['verify'][0]:.2f}x, draft step "
+                     f"{costs['draft_step'] / max(short['draft_step'], 1e-12):.2f}x their cost at context "
+                     f"{CALIBRATION_CONTEXT}.")
+    if report.get("peak_rss_mib") is not None:
+        lines.append(f"Peak RSS of the bench process: {report['peak_rss_mib']:.0f} MiB.")
     return "\n".join(lines) + "\n"
 
 
@@ -273,11 +390,14 @@ def plot(report: dict, path: Path) -> bool:
         return False
     gammas = [int(r["mode"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(gammas, [r["speedup"] for r in rows], "o-", label="measured")
-    ax.plot(gammas, [r["predicted_speedup"] for r in rows], "s--", label="predicted (cost model)")
+    ax.plot(gammas, [r["speedup"] for r in rows], "o-", label="measured (decode)")
+    ax.plot(gammas, [r["end_to_end_speedup"] for r in rows], "^-", label="measured (end-to-end)")
+    predicted = [(g, r["predicted_speedup"]) for g, r in zip(gammas, rows) if r["predicted_speedup"] is not None]
+    if predicted:
+        ax.plot(*zip(*predicted), "s--", label="predicted (cost model)")
     auto = [r for r in report["summary"] if r["kind"] == "all" and r["mode"] == "auto"]
-    if auto:
-        ax.axhline(auto[0]["speedup"], color="green", linestyle=":", label="auto (measured)")
+    if auto and auto[0]["speedup"] is not None:
+        ax.axhline(auto[0]["speedup"], color="green", linestyle=":", label="auto (measured, decode)")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("draft tokens per round (g)")
     ax.set_ylabel("speedup vs target-only")

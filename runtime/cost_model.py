@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+CALIBRATION_CONTEXT = 256  # cached tokens behind the timed passes of calibrate()
+
 
 @dataclass(frozen=True)
 class Costs:
@@ -49,6 +51,20 @@ def expected_tokens_per_round(acceptance: float, gamma: int) -> float:
     return (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
 
 
+def per_token_acceptance(accepted: int, rejected_rounds: int) -> float:
+    """The per-token acceptance ``a`` of a run: accepted / (accepted + rounds that had a rejection).
+
+    The maximum-likelihood rate of the geometric model above (each draft token accepted with
+    probability a until the first rejection, which ends the round). accepted / proposed is
+    not it: a rejection stops the round, so the drafts after it are counted as proposed but
+    were never tested, and that ratio is biased low for every g > 1.
+    """
+    if accepted < 0 or rejected_rounds < 0:
+        raise ValueError("accepted and rejected_rounds must be >= 0")
+    tested = accepted + rejected_rounds
+    return accepted / tested if tested else 0.0
+
+
 def expected_speedup(acceptance: float, gamma: int, costs: Costs) -> float:
     if gamma == 0:
         return 1.0
@@ -73,12 +89,18 @@ class AutoDraftLength:
     round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
     The costs start from the calibration and follow the passes the request actually runs
     (``observe_pass``): alternating two models and growing contexts cost more than isolated
-    calibration runs, and the choice of g should see that.
+    calibration runs, and the choice of g should see that. Each model's calibrated costs are
+    scaled as a whole by the ratio observed/calibrated on the passes that run: while
+    speculating the T=1 target pass hardly ever runs, and refreshing only the widths that run
+    would compare a long-context c(g+1) with a short-context c(1) (auto would flip to
+    target-only, refresh c(1), flip back, ...). The calibrated shape c(T)/c(1) is kept.
     """
 
     def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
                  decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8):
         self.costs = costs
+        self.calibrated = costs  # the shape; self.costs = calibrated x the observed scale of each model
+        self.target_scale = self.draft_scale = 1.0
         self.cost_decay = cost_decay
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted = prior_acceptance * prior_weight
@@ -118,14 +140,20 @@ class AutoDraftLength:
         return self.costs.draft_step * max(relative - 1.0, 0.0)
 
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
-        """Refine the calibrated costs with a pass the request really ran (same machine state, real context)."""
+        """Refine the calibrated costs with a pass the request really ran (same machine state, real context):
+        every width of that model moves by the ratio of this pass to its calibrated cost."""
         keep = self.cost_decay
-        if role == "target" and 1 <= tokens <= len(self.costs.verify):
-            verify = list(self.costs.verify)
-            verify[tokens - 1] = keep * verify[tokens - 1] + (1 - keep) * seconds
-            self.costs = Costs(self.costs.draft_step, tuple(verify))
-        elif role == "draft" and tokens <= 2 and self.costs.draft_step > 0:
-            self.costs = Costs(keep * self.costs.draft_step + (1 - keep) * seconds, self.costs.verify)
+        calibrated = self.calibrated
+        if role == "target" and 1 <= tokens <= len(calibrated.verify):
+            ratio = seconds / calibrated.verify[tokens - 1]
+            self.target_scale = keep * self.target_scale + (1 - keep) * ratio
+        elif role == "draft" and 1 <= tokens <= 2 and calibrated.draft_step > 0:
+            ratio = seconds / calibrated.draft_step
+            self.draft_scale = keep * self.draft_scale + (1 - keep) * ratio
+        else:
+            return
+        self.costs = Costs(calibrated.draft_step * self.draft_scale,
+                           tuple(cost * self.target_scale for cost in calibrated.verify))
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
@@ -156,7 +184,7 @@ def time_passes(runner, tokens: int, repeats: int) -> float:
     return float(np.median(times))
 
 
-def calibrate(target, draft, max_tokens: int = 9, context: int = 256, repeats: int = 3) -> Costs:
+def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> Costs:
     """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens."""
     context = min(context, target.max_context - max_tokens - 1)
     try:

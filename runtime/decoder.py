@@ -27,7 +27,6 @@ from pathlib import Path
 from .bundle import default_hash_cache, inside, open_bundle
 from .cost_model import Costs, calibrate
 from .fused_runner import make_runner
-from .model_runner import ModelRunner
 from .proposers import ProposalPlan, plan_uses_draft
 from .request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
@@ -36,6 +35,7 @@ from .rules import TokenRule
 from .runner import RUNNER_BACKENDS
 from .text import TextCodec
 from .timing import TimedRunner
+from .vocab_map import load_kept_ids
 
 DEFAULT_MAX_CONTEXT = 2048
 
@@ -76,7 +76,8 @@ class SpeculativeDecoder:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
             runners = {
-                role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads)
+                role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads,
+                                  kept_ids=load_kept_ids(root, spec))
                 for role, spec in manifest.models().items()
             }
         codec = TextCodec(inside(root, manifest.tokenizer_file))

@@ -25,11 +25,11 @@ _BLOCKED = np.finfo(np.float32).min
 
 
 def make_runner(onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
-                threads: int | None = None):
-    """The runner for ``spec``'s graph form: FusedRunner for "fused", ModelRunner for "standard"."""
-    if spec.graph == "fused":
-        return FusedRunner(onnx_path, spec, provider, max_context, max_step_tokens, threads)
-    return ModelRunner(onnx_path, spec, provider, max_context, max_step_tokens, threads)
+                threads: int | None = None, kept_ids=None):
+    """The runner for ``spec``'s graph form: FusedRunner for "fused", ModelRunner for "standard".
+    ``kept_ids``: a pruned draft's vocabulary (runtime/vocab_map.py)."""
+    runner = FusedRunner if spec.graph == "fused" else ModelRunner
+    return runner(onnx_path, spec, provider, max_context, max_step_tokens, threads, kept_ids=kept_ids)
 
 
 def check_fused_provider(spec: ModelSpec, provider: str) -> None:
@@ -48,7 +48,7 @@ class FusedRunner(Runner):
     this class converts the mask to GroupQueryAttention's additive bias, binds and runs."""
 
     def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
-                 threads: int | None = None, session=None):
+                 threads: int | None = None, session=None, kept_ids=None):
         if spec.graph != "fused":
             raise BundleError(f"{spec.role}: FusedRunner needs a fused-form graph, this one is {spec.graph!r}")
         check_fused_provider(spec, provider)
@@ -57,7 +57,7 @@ class FusedRunner(Runner):
         if max_context > spec.max_positions:
             raise ValueError(f"max_context {max_context} exceeds the model's {spec.max_positions} positions")
         self.provider = provider
-        self._init_book(spec, max_context, max_step_tokens)
+        self._init_book(spec, max_context, max_step_tokens, kept_ids)
         if session is None:
             session = _session(onnx_path, providers_for(provider), threads)
             self.session = session
@@ -70,7 +70,7 @@ class FusedRunner(Runner):
         self._sliding_bias = np.zeros_like(self._bias) if spec.has_sliding_mask else None
         self._seqlens = np.zeros(1, dtype=np.int32)
         self._total = np.zeros((), dtype=np.int32)
-        self._logits = np.zeros(max_step_tokens * spec.vocab_size, dtype=np.float32)
+        self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
         self._binding = self.session.io_binding()
         cache_shape = [1, spec.num_kv_heads, max_context, spec.head_dim]
         for layer, names in enumerate(spec.kv):  # bound once: the same buffer is the past and the present
@@ -84,7 +84,8 @@ class FusedRunner(Runner):
 
     def fork(self) -> "FusedRunner":
         """A runner on the same onnxruntime session with its own cache, buffers and IO binding."""
-        return FusedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session)
+        return FusedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+                           kept_ids=self.kept_ids)
 
     # ------------------------------------------------------------ backend hooks
     def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
@@ -97,10 +98,9 @@ class FusedRunner(Runner):
             self._execute(ids[1:], positions[1:], mask[1:], None if sliding is None else sliding[1:], 1, 1)
         else:
             self._execute(ids, positions, mask, sliding, past, 0)
-        return self._logits[: count * self.spec.vocab_size].reshape(count, self.spec.vocab_size)
+        return self._logits[: count * self.logits_width].reshape(count, self.logits_width)
 
     def _execute(self, ids, positions, mask, sliding, past, first_row) -> None:
-        spec = self.spec
         count = len(ids)
         total = past + count
         self._ids[:count] = ids
@@ -109,7 +109,7 @@ class FusedRunner(Runner):
         np.multiply(~mask, _BLOCKED, out=bias[0, 0])
         self._seqlens[0] = total - 1
         self._total[...] = total
-        vocab = spec.vocab_size
+        vocab = self.logits_width
         logits = self._logits[first_row * vocab : (first_row + count) * vocab].reshape(1, count, vocab)
         binding = self._binding
         _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))

@@ -124,9 +124,12 @@ class ModelSpec:
     bos_token_id: int | None
     eos_token_ids: tuple  # of int
     pad_token_id: int | None
-    # --- graph form (helper "fused"): bundles written before these fields load as "standard" ---
+    # graph form: bundles written before these fields load as "standard"
     graph: str = "standard"  # "standard" (portable ONNX, TensorRT's input) | "fused" (onnxruntime contrib ops)
     kv_layout: str = "split-bsnh"  # see KV_LAYOUTS
+    # a draft with a pruned vocabulary (specdec.runtime.vocab_map): bundle-relative .npy of the K token ids its
+    # logits score, ascending; None = logits over the whole vocabulary
+    vocab_subset: str | None = None
 
     def __post_init__(self):
         prefix = self.role if self.role in ROLES else "model"
@@ -194,6 +197,7 @@ MODEL_FIELDS = {
     "pad_token_id": optional(token_id),
     "graph": one_of(tuple(KV_LAYOUTS)),
     "kv_layout": one_of(tuple(KV_LAYOUTS.values())),
+    "vocab_subset": optional(text),
 }
 
 
@@ -221,8 +225,12 @@ def _check_geometry(spec: "ModelSpec") -> None:
         raise BundleError(f"{role}.outputs has no logits tensor")
     if logits.dtype != LOGITS_DTYPE:
         raise BundleError(f"{role}.outputs logits has dtype {logits.dtype}; the runtime reads {LOGITS_DTYPE} logits")
-    if not logits.shape or logits.shape[-1] != spec.vocab_size:
+    width = logits.shape[-1] if logits.shape else None
+    if spec.vocab_subset is None and width != spec.vocab_size:
         raise BundleError(f"{role}.vocab_size is {spec.vocab_size} but the logits tensor has shape {list(logits.shape)}")
+    if spec.vocab_subset is not None and not (isinstance(width, int) and 0 < width <= spec.vocab_size):
+        raise BundleError(f"{role}.vocab_subset scores a pruned vocabulary but the logits tensor has shape "
+                          f"{list(logits.shape)} (vocab_size {spec.vocab_size})")
     for layer, names in enumerate(spec.kv):
         for name, table, where in ((names.past_key, inputs, "inputs"), (names.past_value, inputs, "inputs"),
                                    (names.new_key, outputs, "outputs"), (names.new_value, outputs, "outputs")):

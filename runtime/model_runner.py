@@ -88,11 +88,11 @@ class ModelRunner(Runner):
     """The standard-form graph on an onnxruntime provider, IO-bound into a preallocated cache."""
 
     def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
-                 threads: int | None = None, session=None):
+                 threads: int | None = None, session=None, kept_ids=None):
         if spec.kv_dtype not in _NUMPY_KV:
             raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} has no numpy buffer on this runtime (use float32/float16)")
         self.provider = provider
-        self._init_book(spec, max_context, max_step_tokens)
+        self._init_book(spec, max_context, max_step_tokens, kept_ids)
         if session is None:
             session = _session(onnx_path, providers_for(provider), threads)
             self.session = session
@@ -106,7 +106,7 @@ class ModelRunner(Runner):
         self.cache = getattr(self.kv, "array", None)  # the host array (HostKV), for inspection
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
-        self._logits = np.zeros(max_step_tokens * spec.vocab_size, dtype=np.float32)
+        self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
         self._binding = self.session.io_binding()
 
     def _check_contract(self) -> None:
@@ -118,7 +118,8 @@ class ModelRunner(Runner):
     def fork(self) -> "ModelRunner":
         """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
         buffers and IO binding: one per concurrent request. onnxruntime's ``run`` is thread-safe."""
-        return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session)
+        return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+                           kept_ids=self.kept_ids)
 
     def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
         spec = self.spec
@@ -126,7 +127,7 @@ class ModelRunner(Runner):
         total = past + count
         self._ids[:count] = ids
         self._positions[:count] = positions
-        logits = self._logits[: count * spec.vocab_size].reshape(1, count, spec.vocab_size)
+        logits = self._logits[: count * self.logits_width].reshape(1, count, self.logits_width)
         binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()

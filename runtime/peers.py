@@ -7,6 +7,13 @@
   model builder made from the same Hugging Face weights (int4: the same MatMulNBits kernels,
   plus its fused attention/norm ops), greedy. Runs in this process, so both use the same
   onnxruntime (genai loads the ``onnxruntime`` package's library).
+
+Each peer gets the bench's warm-up (``warm_up``) before its first timed run, as specdec does.
+Counts a peer cannot report (acceptance, rounds / target passes) are None in its records, so
+the bench prints "-" rather than a made-up value. Prefill is timed apart from decoding where
+the library allows it (genai: ``append_tokens``); transformers' ``generate`` does both in one
+call, so its prefill is taken as the time of a one-token ``generate`` (prefill + first token)
+and its decode rate counts the remaining tokens over the remaining time.
 """
 
 from __future__ import annotations
@@ -25,17 +32,34 @@ class TransformersPeer:
         self.target, self.draft = _load(target_path), _load(draft_path)
         self.encode, self.max_new_tokens, self.progress = encode, max_new_tokens, progress
 
+    def _generate(self, ids, max_new_tokens: int, extra: dict) -> tuple[list, float]:
+        import torch
+
+        begin = time.perf_counter()
+        with torch.no_grad():
+            out = self.target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **extra)
+        return out[0, ids.shape[1]:].tolist(), time.perf_counter() - begin
+
+    def _modes(self) -> tuple:
+        return (("hf:target", {}), ("hf:assisted", {"assistant_model": self.draft}))
+
+    def warm_up(self, prompt: str, max_new_tokens: int) -> None:
+        import torch
+
+        ids = torch.tensor([self.encode(prompt)])
+        for _, extra in self._modes():
+            self._generate(ids, max_new_tokens, extra)
+
     def __call__(self, item: dict) -> list:
         import torch
 
         ids = torch.tensor([self.encode(item["prompt"])])
         runs = []
-        for mode, extra in (("hf:target", {}), ("hf:assisted", {"assistant_model": self.draft})):
-            begin = time.perf_counter()
-            with torch.no_grad():
-                out = self.target.generate(ids, max_new_tokens=self.max_new_tokens, do_sample=False, **extra)
-            seconds = time.perf_counter() - begin
-            runs.append(_record(item, mode, out[0, ids.shape[1]:].tolist(), seconds, self.progress))
+        for mode, extra in self._modes():
+            _, first = self._generate(ids, 1, extra)  # prefill + the first token
+            tokens, seconds = self._generate(ids, self.max_new_tokens, extra)
+            runs.append(_record(item, mode, tokens, first, max(seconds - first, 1e-9), self.progress,
+                                decode_tokens=max(len(tokens) - 1, 0)))
         return runs
 
 
@@ -50,12 +74,15 @@ def _load(path: str):
     return model.eval()
 
 
-def _record(item: dict, mode: str, tokens: list, seconds: float, progress) -> dict:
-    progress(f"peers: {item['id']} {mode}: {len(tokens) / seconds:.2f} tok/s")
+def _record(item: dict, mode: str, tokens: list, prefill_seconds: float, decode_seconds: float, progress,
+            decode_tokens: int | None = None) -> dict:
+    """A run in the bench's format; what the library does not report is None (printed "-")."""
+    decode_tokens = len(tokens) if decode_tokens is None else decode_tokens
+    progress(f"peers: {item['id']} {mode}: {decode_tokens / decode_seconds:.2f} tok/s")
     return {"prompt": item["id"], "kind": item["kind"], "mode": mode, "repeat": 0, "tokens": tokens,
-            "new_tokens": len(tokens), "decode_seconds": seconds, "proposed": 0, "accepted": 0,
-            "rounds": len(tokens), "target_forwards": 0, "draft_seconds": 0.0, "verify_seconds": seconds,
-            "host_seconds": 0.0}
+            "new_tokens": len(tokens), "decode_tokens": decode_tokens, "prefill_seconds": prefill_seconds,
+            "decode_seconds": decode_seconds, "proposed": None, "accepted": None, "rounds": None,
+            "target_forwards": None, "draft_seconds": None, "verify_seconds": None, "host_seconds": None}
 
 
 GENAI_MODES = {"genai:target": {}, "genai:ngram": {"ngram_size": 3, "max_draft_tokens": 4}}
@@ -81,21 +108,31 @@ class GenaiPeer:
         self.og, self.model = og, og.Model(config)
         self.encode, self.max_new_tokens, self.progress = encode, max_new_tokens, progress
 
+    def _generate(self, ids: list, speculative: dict, max_new_tokens: int) -> tuple[list, float, float]:
+        """(new tokens, prefill seconds, decode seconds)."""
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(ids) + max_new_tokens)
+        if speculative:
+            params.set_speculative_options(**speculative)
+        generator = self.og.Generator(self.model, params)
+        begin = time.perf_counter()
+        generator.append_tokens(ids)  # the prompt (prefill) is not decode time, as for specdec
+        prefill = time.perf_counter() - begin
+        tokens = []
+        begin = time.perf_counter()
+        while not generator.is_done() and len(tokens) < max_new_tokens:
+            generator.generate_next_token()
+            tokens.extend(int(t) for t in generator.get_next_tokens())
+        return tokens[:max_new_tokens], prefill, time.perf_counter() - begin
+
+    def warm_up(self, prompt: str, max_new_tokens: int) -> None:
+        for speculative in GENAI_MODES.values():
+            self._generate(self.encode(prompt), speculative, max_new_tokens)
+
     def __call__(self, item: dict) -> list:
         ids = self.encode(item["prompt"])
         runs = []
         for mode, speculative in GENAI_MODES.items():
-            params = self.og.GeneratorParams(self.model)
-            params.set_search_options(do_sample=False, max_length=len(ids) + self.max_new_tokens)
-            if speculative:
-                params.set_speculative_options(**speculative)
-            generator = self.og.Generator(self.model, params)
-            generator.append_tokens(ids)  # the prompt (prefill) is not decode time, as for specdec
-            tokens = []
-            begin = time.perf_counter()
-            while not generator.is_done() and len(tokens) < self.max_new_tokens:
-                generator.generate_next_token()
-                tokens.extend(int(t) for t in generator.get_next_tokens())
-            seconds = time.perf_counter() - begin
-            runs.append(_record(item, mode, tokens[: self.max_new_tokens], seconds, self.progress))
+            tokens, prefill, decode = self._generate(ids, speculative, self.max_new_tokens)
+            runs.append(_record(item, mode, tokens, prefill, decode, self.progress))
         return runs

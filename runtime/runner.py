@@ -22,6 +22,7 @@ import numpy as np
 
 from .manifest import ModelSpec
 from .masks import ancestor_matrix, chain_parents, fill_masks
+from .vocab_map import expand_logits_into
 
 
 # Backends outside the runtime register here (``specdec.engines`` registers "tensorrt-native" when the
@@ -37,8 +38,13 @@ class Runner:
     max_context: int
     max_step_tokens: int
 
-    def _init_book(self, spec: ModelSpec, max_context: int, max_step_tokens: int) -> None:
+    def _init_book(self, spec: ModelSpec, max_context: int, max_step_tokens: int, kept_ids=None) -> None:
+        """``kept_ids``: [K] ascending ids a pruned-vocabulary graph scores (runtime/vocab_map.py); the runner
+        returns full-vocabulary logits with -inf elsewhere, so every caller sees [T, vocab_size]."""
         self.spec = spec
+        self.kept_ids = kept_ids
+        self.logits_width = spec.vocab_size if kept_ids is None else len(kept_ids)
+        self._full_logits = None if kept_ids is None else np.empty((max_step_tokens, spec.vocab_size), np.float32)
         self.max_context = max_context
         self.max_step_tokens = max_step_tokens
         self.length = 0
@@ -50,7 +56,7 @@ class Runner:
     # ------------------------------------------------------------ backend hooks
     def _run(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, sliding: np.ndarray | None,
              past: int) -> np.ndarray:
-        """Execute one pass: ids/positions [T], mask/sliding [T, past + T]; returns logits [T, V]."""
+        """Execute one pass: ids/positions [T], mask/sliding [T, past + T]; returns logits [T, logits_width]."""
         raise NotImplementedError
 
     def _move_kv(self, sources: np.ndarray, first_slot: int) -> None:
@@ -80,6 +86,8 @@ class Runner:
         fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, self.spec.sliding_window,
                    visible_past)
         logits = self._run(ids, pos, mask, sliding, past)
+        if self.kept_ids is not None:  # a pruned draft: its distribution is exactly zero outside the kept ids
+            logits = expand_logits_into(logits, self.kept_ids, self._full_logits[:count])
         self.slot_positions[past:total] = pos
         self.forward_count += 1
         return logits

@@ -67,3 +67,76 @@ def test_draft_catch_up_charges_the_tokens_the_draft_has_not_read():
     # 5 unread tokens: the first draft pass reads 6 instead of ~2 (relative cost 2.18 / 1.13 per the curve)
     assert auto.draft_catch_up(5) == pytest.approx(0.37 * (2.18 / 1.13 - 1.0))
     assert auto.tokens_per_second(2, extra_seconds=auto.draft_catch_up(5)) < auto.tokens_per_second(2)
+
+
+# ---------------------------------------------------------------- per-token acceptance, costs at long context
+
+def test_per_token_acceptance_is_the_geometric_mle_not_accepted_over_proposed():
+    """g=2 rounds with a = 0.8: accepted/proposed is biased low, accepted/(accepted + rejections) recovers a."""
+    import numpy as np
+
+    from specdec.runtime.cost_model import per_token_acceptance
+
+    rng = np.random.default_rng(0)
+    a, gamma, rounds = 0.8, 2, 20000
+    accepted = rejections = 0
+    for _ in range(rounds):
+        run = 0
+        while run < gamma and rng.random() < a:
+            run += 1
+        accepted += run
+        rejections += run < gamma
+    assert per_token_acceptance(accepted, rejections) == pytest.approx(a, abs=0.01)
+    assert accepted / (gamma * rounds) < a - 0.05  # the old estimator: (a + a^2) / 2 = 0.72
+    with pytest.raises(ValueError):
+        per_token_acceptance(-1, 0)
+
+
+def _context_costs(tokens: int, context: int) -> float:
+    """A fake machine: every pass grows alike with the cached context (attention reads it all)."""
+    return (1.0 + 0.3 * (tokens - 1)) * (1.0 + context / 800)
+
+
+def _draft_cost(context: int) -> float:
+    return 0.3 * (1.0 + context / 800)
+
+
+def _auto_run(auto: AutoDraftLength, start: int, end: int) -> list:
+    """Decode from ``start`` to ``end`` cached tokens with the fake costs; returns the g chosen each round
+    (acceptance stays at the prior: only the costs move)."""
+    context, choices = start, []
+    while context < end:
+        gamma = auto.choose()
+        choices.append(gamma)
+        for step in range(gamma):
+            auto.observe_pass("draft", 1, _draft_cost(context + step))
+        auto.observe_pass("target", gamma + 1, _context_costs(gamma + 1, context))
+        context += gamma + 1 if gamma else 1  # every draft accepted (the estimate is not updated)
+    return choices
+
+
+def test_auto_keeps_its_choice_as_the_context_grows():
+    """Costs that scale alike at every width: the best g never changes, so auto must not flip to
+    target-only at long contexts (it did when only the widths it ran were refreshed and c(1) kept
+    its context-256 value)."""
+    calibrated = Costs(draft_step=_draft_cost(256), verify=tuple(_context_costs(t, 256) for t in range(1, 10)))
+    auto = AutoDraftLength(calibrated, prior_acceptance=0.75)
+    first = auto.choose()
+    assert first >= 1
+    choices = _auto_run(auto, 256, 1900)
+    assert set(choices) == {first}, f"auto changed its choice: {sorted(set(choices))}"
+    long = Costs(draft_step=_draft_cost(1900), verify=tuple(_context_costs(t, 1900) for t in range(1, 10)))
+    assert auto.costs.relative_curve() == pytest.approx(long.relative_curve())
+    assert auto.costs.verify[0] == pytest.approx(long.verify[0], rel=0.05)  # c(1) followed, never run
+
+
+def test_observed_passes_scale_every_width_of_that_model():
+    """A target pass at 2x its calibrated cost moves c(1)..c(9) by the same factor; the draft's step apart."""
+    auto = AutoDraftLength(GENAI, cost_decay=0.0)  # no memory: the latest pass sets the scale
+    auto.observe_pass("target", 3, 2.0 * GENAI.verify[2])
+    assert auto.costs.verify == pytest.approx(tuple(2.0 * c for c in GENAI.verify))
+    assert auto.costs.draft_step == pytest.approx(GENAI.draft_step)
+    auto.observe_pass("draft", 1, 3.0 * GENAI.draft_step)
+    assert auto.costs.draft_step == pytest.approx(3.0 * GENAI.draft_step)
+    auto.observe_pass("target", 40, 99.0)  # a prefill chunk wider than the curve: no information on its shape
+    assert auto.costs.verify[0] == pytest.approx(2.0)

@@ -1,10 +1,14 @@
 """TensorRT optimization profiles for a bundle's graphs (pure: no TensorRT needed to compute them).
 
-Three profiles per model, each over past lengths 0..max_context - T:
+Three profiles per model, each over past lengths 0..max_context - 1:
   decode   T = 1                       (target-only steps, draft steps)
   verify   T = 1..max_verify           (chain verify gamma + 1, tree verify tree size + 1)
   prefill  T = 1..max_prefill          (prompt chunks)
 Each profile gives (min, opt, max) shapes for every dynamic input of the graph contract.
+Any pass with past + T <= max_context must fit its profile: a verify pass of a few tokens runs
+in the last slots of the context, so no profile may cap the past at max_context - (its max T).
+TensorRT checks the graph's shape constraints (total = past + new) at each corner, so the max
+corner's total is max_context - 1 + max T: a bound for memory planning, never a shape that runs.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def build_profiles(spec: ModelSpec, limits: ProfileLimits) -> list:
         ("prefill", (1, limits.max_prefill, limits.max_prefill)),
     )
     return [
-        Profile(name, _shapes(spec, new, (0, opt_past, context - new[2])))
+        Profile(name, _shapes(spec, new, (0, opt_past, context - new[0])))
         for name, new in rows
     ]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.runtime.kv_store import DeviceKV
-from specdec.runtime.manifest import ModelSpec
+from specdec.runtime.manifest import BundleError, ModelSpec
 from specdec.runtime.runner import Runner
 
 from specdec.runtime.cuda_memory import DeviceBuffer, new_stream, synchronize
@@ -33,11 +33,15 @@ class TensorRTRunner(Runner):
         logger = trt.Logger(trt.Logger.WARNING)
         with open(engine_path, "rb") as handle:  # hash already verified by specdec.engines.records
             self.engine = trt.Runtime(logger).deserialize_cuda_engine(handle.read())
+        if self.engine is None:  # TensorRT logs why and returns None
+            raise BundleError(f"TensorRT could not deserialize {engine_path}: rebuild it with specdec-export build-engine")
         self.stream = new_stream()
         self.profiles = build_profiles(spec, limits)
         self.contexts = []
         for index in range(len(self.profiles)):
             context = self.engine.create_execution_context()
+            if context is None:  # TensorRT's answer when the device memory for activations is missing
+                raise RuntimeError("TensorRT could not create an execution context (out of device memory?)")
             context.set_optimization_profile_async(index, self.stream)
             self.contexts.append(context)
         kv_dtype = np.float16 if spec.kv_dtype == "float16" else np.float32

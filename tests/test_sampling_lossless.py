@@ -81,11 +81,12 @@ def test_speculative_sampling_matches_exact_target_distribution(different_pair, 
     decoder = SpeculativeDecoder.load(bundle)
     joint = exact_joint(target_dir, decoder.codec.encode(prompt))
     assert 3 <= len(joint) and abs(sum(joint.values()) - 1) < 1e-6
-    stats = decoder.generate(prompt, max_new_tokens=64, sampling=CONFIG, num_draft_tokens=2, seed=0,
-                             proposer=proposer, acceptance=acceptance).stats
-    assert 0.05 < stats.acceptance_rate < 0.95  # both acceptance and rejection are exercised
+    runs = [decoder.generate(prompt, max_new_tokens=64, sampling=CONFIG, num_draft_tokens=2, seed=seed,
+                             proposer=proposer, acceptance=acceptance).stats for seed in range(3)]
+    rate = sum(s.accepted for s in runs) / max(sum(s.proposed for s in runs), 1)
+    assert 0.05 < rate < 0.95  # both acceptance and rejection are exercised (a seed may end early at EOS)
     if proposer != "draft":
-        assert stats.lookup_rounds > 0
+        assert sum(s.lookup_rounds for s in runs) > 0
     assert sampled_pvalue(decoder, joint, prompt, proposer, acceptance=acceptance) > 1e-3
 
 

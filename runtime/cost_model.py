@@ -184,7 +184,7 @@ def time_passes(runner, tokens: int, repeats: int) -> float:
     return float(np.median(times))
 
 
-def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 3) -> Costs:
+def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5) -> Costs:
     """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens."""
     context = min(context, target.max_context - max_tokens - 1)
     try:

@@ -89,13 +89,19 @@ def check_safetensors(path: Path) -> None:
                           "(download it again)")
 
 
+def _local_only(source: ModelSource) -> dict:
+    """from_pretrained keywords: this folder or GGUF file only, never a hub download, never remote code."""
+    kwargs = dict(local_files_only=True, trust_remote_code=False)
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    return kwargs
+
+
 def load_configs(source: ModelSource):
     """(config, generation config) of a source, without its weights: what compatibility checks need."""
     from transformers import AutoConfig, GenerationConfig
 
-    kwargs = dict(local_files_only=True, trust_remote_code=False)
-    if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
+    kwargs = _local_only(source)
     try:
         config = AutoConfig.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
@@ -118,9 +124,7 @@ def load_model(source: ModelSource, dtype: str):
 
     if dtype not in DTYPES:
         raise SourceError(f"dtype {dtype!r} is not one of {DTYPES}")
-    kwargs = dict(local_files_only=True, trust_remote_code=False, attn_implementation="eager")
-    if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
+    kwargs = dict(_local_only(source), attn_implementation="eager")
     config = AutoConfig.from_pretrained(source.path, **kwargs)
     arch_for(getattr(config.get_text_config(), "model_type", config.model_type))
     model = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, dtype), **kwargs)
@@ -133,9 +137,7 @@ def load_tokenizer(source: ModelSource):
     """The fast tokenizer (its ``backend_tokenizer`` is what the runtime loads from tokenizer.json)."""
     from transformers import AutoTokenizer
 
-    kwargs = dict(local_files_only=True, trust_remote_code=False)
-    if source.gguf_file:
-        kwargs["gguf_file"] = source.gguf_file
+    kwargs = _local_only(source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .manifest import BundleError, ModelSpec
-from .model_runner import ModelRunner, _session, providers_for
+from .model_runner import ModelRunner, attach_session, providers_for
 from .runner import Runner
 
 # The additive bias where the boolean mask says "may not attend" (Hugging Face's masked value).
@@ -56,13 +56,8 @@ class FusedRunner(Runner):
             raise BundleError(f"{spec.role}: the fused form's CPU attention needs a float32 KV cache, not {spec.kv_dtype}")
         if max_context > spec.max_positions:
             raise ValueError(f"max_context {max_context} exceeds the model's {spec.max_positions} positions")
-        self.provider = provider
         self._init_book(spec, max_context, max_step_tokens, kept_ids)
-        if session is None:
-            session = _session(onnx_path, providers_for(provider), threads)
-            self.session = session
-            ModelRunner._check_contract(self)
-        self.session = session
+        attach_session(self, onnx_path, provider, threads, session)
         self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, max_context, spec.head_dim), np.float32)
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)

@@ -91,13 +91,8 @@ class ModelRunner(Runner):
                  threads: int | None = None, session=None, kept_ids=None):
         if spec.kv_dtype not in _NUMPY_KV:
             raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} has no numpy buffer on this runtime (use float32/float16)")
-        self.provider = provider
         self._init_book(spec, max_context, max_step_tokens, kept_ids)
-        if session is None:
-            session = _session(onnx_path, providers_for(provider), threads)
-            self.session = session
-            self._check_contract()
-        self.session = session
+        attach_session(self, onnx_path, provider, threads, session)
         kv_dtype = _NUMPY_KV[spec.kv_dtype]
         self.kv_dtype = np.dtype(kv_dtype)
         # CUDA / TensorRT execution providers keep the cache on the device; only logits come back
@@ -150,6 +145,16 @@ class ModelRunner(Runner):
 
     def _move_kv(self, sources, first_slot: int) -> None:
         self.kv.move_rows(sources, first_slot)
+
+
+def attach_session(runner, onnx_path: str, provider: str, threads: int | None, session) -> None:
+    """Give ``runner`` its onnxruntime session: ``session`` when forking (weights loaded once), else a new one
+    whose inputs/outputs are checked against the manifest."""
+    runner.provider = provider
+    runner.session = session
+    if session is None:
+        runner.session = _session(onnx_path, providers_for(provider), threads)
+        ModelRunner._check_contract(runner)
 
 
 def _bind(bind, name: str, array: np.ndarray) -> None:

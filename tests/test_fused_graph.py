@@ -201,6 +201,8 @@ def test_graph_option_is_validated(tmp_path):
     assert ExportOptions(target="x", draft=None, out=tmp_path).graph == "fused"
     assert ExportOptions(target="x", draft=None, out=tmp_path, dtype="float16").graph == "standard"
     assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4-qdq").graph == "standard"
+    assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4").graph == "standard"  # exactness first
+    assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4", graph="fused").graph == "fused"
 
 
 def test_old_manifests_load_as_standard(tiny_bundle):
@@ -248,7 +250,7 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
     else:
         folder = build_tiny_model(tmp_path / "hf", "llama", seed=0)
         table = None
-    manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=tmp_path / "b", quant="int4"),
+    manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=tmp_path / "b", quant="int4", graph="fused"),
                              progress=lambda msg: None)
     assert manifest.target.graph == "fused" and isinstance(manifest.extra["parity_max_abs_error"]["target"]["int4"], dict)
     model = onnx.load(str(tmp_path / "b/target/model.onnx"))

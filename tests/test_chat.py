@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import TINY_CHAT_TEMPLATE, TINY_END_OF_TURN
+from test_runtime_without_torch import BLOCK_TORCH  # noqa: E402
 
 pytest.importorskip("jinja2")
 
@@ -192,13 +193,7 @@ def test_cli_chat_without_template_one_line(tiny_bundle):
     assert done.stderr.strip().count("\n") == 0 and "no chat template" in done.stderr
 
 
-CHAT_WITHOUT_TORCH = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'transformers', 'onnx', 'onnxscript'):
-            raise ImportError('blocked for this test: ' + name)
-sys.meta_path.insert(0, Block())
+CHAT_WITHOUT_TORCH = BLOCK_TORCH + """
 from specdec import SpeculativeDecoder
 from specdec.runtime.chat import chat
 import specdec.runtime.server

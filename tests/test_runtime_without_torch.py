@@ -3,13 +3,17 @@
 import subprocess
 import sys
 
-SCRIPT = """
+# a script prefix that makes torch, transformers and onnx unimportable (shared with test_chat.py)
+BLOCK_TORCH = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in ('torch', 'transformers', 'onnx', 'onnxscript'):
             raise ImportError('blocked for this test: ' + name)
 sys.meta_path.insert(0, Block())
+"""
+
+SCRIPT = BLOCK_TORCH + """
 from specdec import SpeculativeDecoder, SamplingConfig
 dec = SpeculativeDecoder.load(sys.argv[1])
 res = dec.generate('def f(x):', max_new_tokens=8, num_draft_tokens=2)

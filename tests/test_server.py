@@ -210,9 +210,28 @@ class SlowDecoder:
         return getattr(self.inner, name)
 
     def stream(self, *args, **kwargs):
-        for piece in self.inner.stream(*args, **kwargs):
-            time.sleep(self.delay)
-            yield piece
+        return SlowStream(self.inner.stream(*args, **kwargs), self.delay)
+
+
+class SlowStream:
+    """The decoder's TextStream, sleeping after each piece; ``close``, ``finish``, ``output`` pass through."""
+
+    def __init__(self, stream, delay: float):
+        self.stream, self.delay = stream, delay
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        piece = next(self.stream)
+        time.sleep(self.delay)
+        return piece
+
+    def close(self):
+        self.stream.close()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 @contextlib.contextmanager

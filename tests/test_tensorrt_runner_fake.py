@@ -34,12 +34,12 @@ def cudart():
 
 
 @pytest.fixture(scope="module")
-def engine_bundle(cudart, tiny_bundle, tmp_path_factory):
+def engine_bundle(cudart, tiny_standard_bundle, tmp_path_factory):
     """A copy of the tiny bundle with both engines built and recorded by the real build_engines."""
     from specdec.engines.tensorrt_build import build_engines
 
     root = tmp_path_factory.mktemp("trt") / "bundle"
-    shutil.copytree(tiny_bundle, root)
+    shutil.copytree(tiny_standard_bundle, root)
     build_engines(root, LIMITS, progress=lambda message: None)
     return root
 
@@ -50,8 +50,8 @@ def trt_decoder(engine_bundle):
 
 
 @pytest.fixture(scope="module")
-def cpu_decoder(tiny_bundle):
-    return SpeculativeDecoder.load(tiny_bundle, provider="cpu", max_context=CONTEXT)
+def cpu_decoder(tiny_standard_bundle):
+    return SpeculativeDecoder.load(tiny_standard_bundle, provider="cpu", max_context=CONTEXT)
 
 
 def _target_runners(engine_bundle):

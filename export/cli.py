@@ -117,9 +117,9 @@ def _main(args) -> int:
                 raise ValueError("--draft-vocab prunes the draft: give --draft (or --pair)")
             if args.draft_vocab_corpus and not Path(args.draft_vocab_corpus).is_dir():
                 raise ValueError(f"--draft-vocab-corpus {args.draft_vocab_corpus} is not a folder")
-            from .bundle import _check_destination
+            from .destination import check_destination
 
-            _check_destination(args.out)
+            check_destination(Path(args.out))
         if args.engine == "tensorrt" and args.graph == "fused":
             raise ValueError("--engine tensorrt needs --graph standard (TensorRT cannot build the fused onnxruntime form)")
         if args.engine == "tensorrt" and args.graph == "auto":

@@ -225,7 +225,8 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
     import onnx
     from tokenizers import Tokenizer
 
-    from .bundle import _check_destination, _swap_into_place, hash_tree, tool_versions
+    from .bundle import hash_tree, tool_versions
+    from .destination import check_destination, remove_dead_staging, swap_into_place
 
     progress = progress or (lambda message: None)
     started = time.monotonic()
@@ -240,7 +241,11 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
         raise PruneError(f"{bundle} has no draft model to prune")
     if draft.vocab_subset is not None:
         raise PruneError(f"{bundle}'s draft is already pruned ({draft.vocab_subset}): prune the full bundle")
-    _check_destination(out)
+    if draft.graph != "standard":
+        raise PruneError(f"{bundle}'s draft is the {draft.graph} graph form: pruning checks the standard form only "
+                         "so far; export the bundle with --graph standard")
+    check_destination(out)
+    remove_dead_staging(out)
 
     progress("counting token frequencies in " + (str(corpus_dir) if corpus_dir else "the Python standard library"))
     texts = folder_corpus(corpus_dir) if corpus_dir else stdlib_corpus()
@@ -284,7 +289,7 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
                       extra={**manifest.extra, "draft_vocab": notes,
                              "prune_seconds": round(time.monotonic() - started, 1)})
         (staging / MANIFEST_NAME).write_text(new.to_json())
-        _swap_into_place(staging, out)
+        swap_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return new

@@ -89,30 +89,30 @@ def _tree_hashes(root):
 
 
 @pytest.fixture(scope="module")
-def pruned_bundle(tiny_bundle, corpus_dir, tmp_path_factory):
+def pruned_bundle(tiny_standard_bundle, corpus_dir, tmp_path_factory):
     from specdec.export.vocab_prune import prune_bundle
 
-    before = _tree_hashes(tiny_bundle)
+    before = _tree_hashes(tiny_standard_bundle)
     out = tmp_path_factory.mktemp("pruned") / "tiny-k48"
-    manifest = prune_bundle(tiny_bundle, 48, out, corpus_dir)
-    assert _tree_hashes(tiny_bundle) == before  # the source bundle is only read
+    manifest = prune_bundle(tiny_standard_bundle, 48, out, corpus_dir)
+    assert _tree_hashes(tiny_standard_bundle) == before  # the source bundle is only read
     return out, manifest
 
 
-def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle, tiny_bundle):
+def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle, tiny_standard_bundle):
     """The manifest names the subset file, hashes it, declares logits of width K and refuses nothing at load."""
     from specdec.runtime.bundle import open_bundle
 
     out, manifest = pruned_bundle
     assert manifest.draft.vocab_subset == "draft/vocab_subset.npy" and manifest.draft.vocab_subset in manifest.files
     assert next(s for s in manifest.draft.outputs if s.name == "logits").shape[-1] == 48
-    assert manifest.target == open_bundle(tiny_bundle).target  # the target is untouched
+    assert manifest.target == open_bundle(tiny_standard_bundle).target  # the target is untouched
     kept = load_kept_ids(out, open_bundle(out).draft)
     assert len(kept) == 48 and 1 in kept  # EOS (id 1) is always kept
     assert manifest.extra["draft_vocab"]["max_abs_error_on_kept_logits"] < 1e-5
 
 
-def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle, tiny_bundle):
+def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle, tiny_standard_bundle):
     """Same inputs, a 5-token pass: pruned logits == full logits[..., kept] (float32 bundle, exact up to rounding)."""
     import onnxruntime as ort
 
@@ -126,7 +126,7 @@ def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle, tiny
     from specdec.runtime.model_runner import session_options
 
     full, pruned = (ort.InferenceSession(str(root / spec.onnx_file), session_options()).run(["logits"], feeds)[0]
-                    for root in (tiny_bundle, out))
+                    for root in (tiny_standard_bundle, out))
     assert pruned.shape == (1, 5, 48)
     np.testing.assert_allclose(pruned, full[..., kept], rtol=1e-5, atol=1e-5)
 
@@ -163,27 +163,36 @@ def test_sampling_with_a_pruned_draft_runs_and_is_reproducible(pruned_bundle):
     assert runs[0].token_ids == runs[1].token_ids
 
 
-def test_prune_refuses_bad_requests(tiny_bundle, pruned_bundle, tmp_path, corpus_dir):
+def test_a_fused_draft_is_refused_in_one_line(tiny_bundle, tmp_path, corpus_dir):
+    """Pruning checks the standard form only: a fused-form draft is refused, nothing written."""
+    from specdec.export.vocab_prune import PruneError, prune_bundle
+
+    with pytest.raises(PruneError, match="--graph standard"):
+        prune_bundle(tiny_bundle, 48, tmp_path / "k48", corpus_dir)
+    assert not (tmp_path / "k48").exists()
+
+
+def test_prune_refuses_bad_requests(tiny_standard_bundle, pruned_bundle, tmp_path, corpus_dir):
     """Out = source, an already pruned draft, K out of range: one clear error each, nothing written."""
     from specdec.export.vocab_prune import PruneError, prune_bundle
 
     with pytest.raises(PruneError, match="new folder outside"):
-        prune_bundle(tiny_bundle, 48, tiny_bundle)
+        prune_bundle(tiny_standard_bundle, 48, tiny_standard_bundle)
     with pytest.raises(PruneError, match="already pruned"):
         prune_bundle(pruned_bundle[0], 32, tmp_path / "again", corpus_dir)
     with pytest.raises(PruneError, match="--draft-vocab 128 must be between"):
-        prune_bundle(tiny_bundle, 128, tmp_path / "k128", corpus_dir)
+        prune_bundle(tiny_standard_bundle, 128, tmp_path / "k128", corpus_dir)
     assert not (tmp_path / "k128").exists() and not list(tmp_path.glob(".k128*"))
 
 
-def test_cli_prunes_into_a_new_folder(tiny_bundle, corpus_dir, tmp_path):
+def test_cli_prunes_into_a_new_folder(tiny_standard_bundle, corpus_dir, tmp_path):
     """specdec-export --prune-draft-vocab BUNDLE K --out NEW: exit 0 and a loadable bundle; bad K: exit 2, one line."""
     from specdec.export.cli import main
 
-    assert main(["--prune-draft-vocab", str(tiny_bundle), "32", "--out", str(tmp_path / "k32"),
+    assert main(["--prune-draft-vocab", str(tiny_standard_bundle), "32", "--out", str(tmp_path / "k32"),
                  "--draft-vocab-corpus", str(corpus_dir)]) == 0
     assert (tmp_path / "k32" / "draft" / "vocab_subset.npy").is_file()
-    assert main(["--prune-draft-vocab", str(tiny_bundle), "many", "--out", str(tmp_path / "x")]) == 2
+    assert main(["--prune-draft-vocab", str(tiny_standard_bundle), "many", "--out", str(tmp_path / "x")]) == 2
 
 
 # ---------------------------------------------------------------- lm_head forms, on one-node graphs

@@ -75,6 +75,12 @@ def _worker_main(connection, function, args) -> None:
         connection.close()
     except (OSError, _WorkerStopped):
         pass  # the parent is gone or stopped waiting
+    finally:
+        # the answer is sent: a stop from now on (e.g. while atexit handlers run) just ends the process,
+        # instead of raising inside whatever handler is running and printing its traceback
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_isolated(function, *args):

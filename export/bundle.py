@@ -56,10 +56,8 @@ class ExportOptions:
     block_size: int = BLOCK_SIZE  # weights per quantization scale, target
     draft_block_size: int = DRAFT_BLOCK_SIZE  # and draft (coarser: a faster draft at the same acceptance)
     # graph form: "fused" (onnxruntime's GroupQueryAttention, in-place KV) | "standard" (portable, TensorRT's
-    # input) | "auto" = fused for unquantized float32, standard otherwise. Quantized bundles default to the
-    # standard form: measured on the real int4 pair, the fused graph rounds a multi-token verify pass
-    # differently from a one-token pass (int8 activations of MatMulNBits downstream of GroupQueryAttention),
-    # so greedy speculative output equalled target-only on 8/12 prompts, against 12/12 for the standard form.
+    # input) | "auto" = fused whenever the fused form can hold the export (float32, MatMulNBits or no
+    # quantization), standard otherwise (float16/bfloat16, int4-qdq: TensorRT's forms).
     graph: str = "auto"
 
     def __post_init__(self):
@@ -70,7 +68,7 @@ class ExportOptions:
             raise ValueError("--graph fused needs --dtype float32 and a --quant other than int4-qdq "
                              "(onnxruntime's CPU GroupQueryAttention; int4-qdq is TensorRT's form): use --graph standard")
         if self.graph == "auto":
-            object.__setattr__(self, "graph", "fused" if fused_ok and self.quant == "none" else "standard")
+            object.__setattr__(self, "graph", "fused" if fused_ok else "standard")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.quant not in QUANTS:

@@ -13,11 +13,21 @@ run eagerly, ``gqa_reference`` computes the same thing in PyTorch (the op's sema
 tests). RMSNorm is written in the form onnxruntime fuses at session load
 (SimplifiedLayerNormalization, and SkipSimplifiedLayerNormalization with the residual add).
 See ``specdec.runtime.manifest`` for the contract.
+
+The scratch row: GroupQueryAttention always runs T + 1 rows, the last a copy of row T - 1
+(position + 1, a scratch KV slot after the new rows, seen by no real row). onnxruntime's CPU
+kernel multiplies probabilities by V with MLAS's one-row SGEMM when T = 1 and its tiled kernel
+otherwise; the two round differently, and the int8 activations of the int4 projections after
+it turn a 1e-6 difference into 0.2 on the logits, so a verify pass disagreed with one-token
+decoding (greedy speculation matched target-only on 8/12 prompts). With the scratch row every
+pass takes the tiled kernel, whose rows do not depend on T: verify rows equal one-token passes
+bit for bit (``check_parity``'s "rows_vs_decode"), for about 1% of a one-token pass.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .graph_model import SLIDING, ExportableLM
 
@@ -59,6 +69,9 @@ def _rotate(x, cos, sin):
     return torch.cat((a * cos - b * sin, b * cos + a * sin, rest), dim=-1)
 
 
+SCRATCH_ROWS = 1  # rows GroupQueryAttention runs beyond the T new tokens (module doc)
+
+
 class FusedLM(ExportableLM):
     """forward(input_ids, position_ids, attention_bias, [sliding_attention_bias], seqlens_k,
     total_sequence_length, *past) -> (logits, *present)."""
@@ -83,11 +96,16 @@ class FusedLM(ExportableLM):
             sliding_bias = None
         seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
         hidden = self._embed(input_ids, position_ids)
+        # what GroupQueryAttention sees: T + 1 rows, the scratch row one position after the last
+        attn_positions = torch.cat((position_ids, position_ids[:, -1:] + 1), dim=1)
+        attn_bias = F.pad(attention_bias, (0, SCRATCH_ROWS, 0, SCRATCH_ROWS))
+        attn_sliding = None if sliding_bias is None else F.pad(sliding_bias, (0, SCRATCH_ROWS, 0, SCRATCH_ROWS))
+        attn_seqlens, attn_total = seqlens_k + SCRATCH_ROWS, total_length + SCRATCH_ROWS
 
         def attend(index, layer, x):
             lt = self.layer_types[index]
-            bias = sliding_bias if lt == SLIDING else attention_bias
-            return self._fused_attention(index, layer, x, lt, position_ids, bias, seqlens_k, total_length,
+            bias = attn_sliding if lt == SLIDING else attn_bias
+            return self._fused_attention(index, layer, x, lt, attn_positions, bias, attn_seqlens, attn_total,
                                          past[2 * index], past[2 * index + 1])
 
         if torch.onnx.is_in_onnx_export() and self.arch.rms_norm_offset is not None:
@@ -130,9 +148,18 @@ class FusedLM(ExportableLM):
             kv_out += [key_out, value_out]
         return x, kv_out
 
+    def _project_qkv(self, index: int, x: torch.Tensor):
+        """Q, K, V of the T rows plus the scratch row (a copy of the last row's projections)."""
+        qkv = self.fused_qkv[index](x)
+        qkv = torch.cat((qkv, qkv[:, -SCRATCH_ROWS:]), dim=1)
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        return qkv.split([q_size, kv_size, kv_size], dim=-1)
+
     def _fused_attention(self, index, layer, x, layer_type, position_ids, bias, seqlens_k, total_length,
                          past_k, past_v):
-        batch, new = x.shape[0], x.shape[1]
+        """Attention of the T rows of ``x``; position_ids/bias/seqlens_k/total_length describe T + 1 rows."""
+        batch, new = x.shape[0], x.shape[1] + SCRATCH_ROWS
         attn = getattr(layer, self.arch.attn)
         q, k, v = self._project_qkv(index, x)
         if self.arch.qk_norm:  # per-head RMSNorm before the rotary (onnxruntime's CPU GQA has no q/k norm input)
@@ -163,4 +190,4 @@ class FusedLM(ExportableLM):
                 q, k, v, past_k, past_v, int(total_length), position_ids, cos, sin, bias.to(q.dtype),
                 self.num_heads, self.num_kv_heads, scale, softcap,
             )
-        return getattr(attn, self.arch.out_proj)(out), present_k, present_v
+        return getattr(attn, self.arch.out_proj)(out[:, :-SCRATCH_ROWS]), present_k, present_v

@@ -171,17 +171,25 @@ class ExportableLM(nn.Module):
         # Grouped-query attention without copying K/V per head: the G query heads that share a
         # KV head are stacked along the row axis (head h uses KV head h // G, as repeat_kv does).
         groups = self.num_heads // self.num_kv_heads
-        queries = q.transpose(1, 2).reshape(batch, self.num_kv_heads, groups * new, self.head_dim)
+        # Without grouping (MHA) a one-token pass would multiply one row, which onnxruntime's CPU matmul rounds
+        # differently from several rows (graph_fused's module doc): a copy of the last query row keeps every
+        # pass on the multi-row kernel, so verify rows equal one-token passes bit for bit.
+        pad = 1 if groups == 1 else 0
+        if pad:
+            q = torch.cat((q, q[:, -1:]), dim=1)
+            mask = torch.cat((mask, mask[:, -1:]), dim=1)
+        rows = new + pad
+        queries = q.transpose(1, 2).reshape(batch, self.num_kv_heads, groups * rows, self.head_dim)
         scale = getattr(attn, "scaling", self.head_dim**-0.5)
         scores = torch.matmul(queries, keys.transpose(2, 3)) * scale  # [B, KVH, G*T, P+T]
-        scores = scores.view(batch, self.num_kv_heads, groups, new, scores.shape[-1]).float()
+        scores = scores.view(batch, self.num_kv_heads, groups, rows, scores.shape[-1]).float()
         if self.attn_softcap:
             scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
         scores = scores.masked_fill(~mask[:, None, None, :, :], torch.finfo(torch.float32).min)
         probs = torch.softmax(scores, dim=-1).to(values.dtype)
-        probs = probs.view(batch, self.num_kv_heads, groups * new, probs.shape[-1])
+        probs = probs.view(batch, self.num_kv_heads, groups * rows, probs.shape[-1])
         out = torch.matmul(probs, values)  # [B, KVH, G*T, D]
-        out = out.view(batch, self.num_heads, new, self.head_dim).transpose(1, 2).reshape(batch, new, -1)
+        out = out.view(batch, self.num_heads, rows, self.head_dim)[:, :, :new].transpose(1, 2).reshape(batch, new, -1)
         return getattr(attn, self.arch.out_proj)(out), new_k, new_v
 
     def forward(self, input_ids, position_ids, attention_mask, *rest):

@@ -17,6 +17,7 @@ import torch
 
 from specdec.runtime.manifest import KV_LAYOUTS, ModelSpec, fused_graph_io, fused_kv_names, graph_io, kv_names
 
+from .graph_fused import SCRATCH_ROWS
 from .graph_model import ExportableLM, text_config
 
 OPSET = 18
@@ -116,6 +117,7 @@ def export_model(hf_model, role: str, out_dir: Path, special: dict, dtype: str, 
         pad_token_id=special["pad_token_id"],
         graph=graph,
         kv_layout=KV_LAYOUTS[graph],
+        attention_scratch_rows=SCRATCH_ROWS if graph == "fused" else 0,
     )
 
 

@@ -36,6 +36,12 @@ def positive_int(value, where):
     return value if is_int(value) and value > 0 else fail(where, "a positive integer", value)
 
 
+def int_in(low: int, high: int):
+    def check(value, where):
+        return value if is_int(value) and low <= value <= high else fail(where, f"an integer in {low}..{high}", value)
+    return check
+
+
 def token_id(value, where):
     return value if is_int(value) and value >= 0 else fail(where, "a token id (an integer >= 0)", value)
 

@@ -1,10 +1,10 @@
 """One fused-form model (GroupQueryAttention on a shared KV buffer): session, cache, IO binding.
 
-The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, max_context, head_dim]``
+The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, max_context + scratch, head_dim]``
 allocated once; layer l's keys are the contiguous block ``cache[l, 0]``, bound as both the
 graph's ``past.{l}.key`` input and its ``present.{l}.key`` output. onnxruntime's kernel reads
-slots [0, length) and writes the T new rows at slots [length, length + T) in place; no other
-slot is touched and nothing past-sized is allocated or copied per pass. The KV bindings are
+slots [0, length) and writes the T new rows at slots [length, length + T) in place (and the
+graph's scratch rows after them, never committed); no other slot is touched and nothing past-sized is allocated or copied per pass. The KV bindings are
 made once; a pass only rebinds the small per-pass inputs (ids, positions, bias, lengths).
 ``commit``/``truncate`` move ``length`` (rollback is a smaller length: rejected rows are
 overwritten by the next pass); ``keep_path`` compacts a tree's accepted path (``_move_kv``).
@@ -58,7 +58,9 @@ class FusedRunner(Runner):
             raise ValueError(f"max_context {max_context} exceeds the model's {spec.max_positions} positions")
         self._init_book(spec, max_context, max_step_tokens, kept_ids)
         attach_session(self, onnx_path, provider, threads, session)
-        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, max_context, spec.head_dim), np.float32)
+        # max_context slots plus the graph's scratch slots (ModelSpec.attention_scratch_rows), written after the new rows
+        slots = max_context + spec.attention_scratch_rows
+        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, slots, spec.head_dim), np.float32)
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
         self._bias = np.zeros(max_step_tokens * max_context, dtype=np.float32)
@@ -67,7 +69,7 @@ class FusedRunner(Runner):
         self._total = np.zeros((), dtype=np.int32)
         self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
         self._binding = self.session.io_binding()
-        cache_shape = [1, spec.num_kv_heads, max_context, spec.head_dim]
+        cache_shape = [1, spec.num_kv_heads, slots, spec.head_dim]
         for layer, names in enumerate(spec.kv):  # bound once: the same buffer is the past and the present
             for kind, (past, present) in enumerate(((names.past_key, names.new_key),
                                                     (names.past_value, names.new_value))):

@@ -35,12 +35,16 @@ writing one preallocated cache per layer in place; the past is never concatenate
 | sliding_attention_bias (optional) | in  | float32        | [batch, 1, new_tokens, total_tokens] |
 | seqlens_k                         | in  | int32          | [batch]  (= total_tokens - 1)        |
 | total_sequence_length             | in  | int32          | []       (= past + new)              |
-| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, kv_heads, max_context, head_dim] |
+| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, kv_heads, slots, head_dim]   |
 | logits                            | out | float32        | [batch, new_tokens, vocab]           |
-| present.{i}.key / present.{i}.value | out | kv dtype     | [batch, kv_heads, max_context, head_dim] |
+| present.{i}.key / present.{i}.value | out | kv dtype     | [batch, kv_heads, slots, head_dim]   |
 
-``past.{i}.*`` and ``present.{i}.*`` are bound to the same buffer: slots [0, past) are read,
-the T new rows are written at slots [past, past + T), nothing else is touched. The bias is
+``past.{i}.*`` and ``present.{i}.*`` are bound to the same buffer of ``slots = max_context +
+attention_scratch_rows``: slots [0, past) are read, the T new rows are written at slots
+[past, past + T) and the scratch rows after them (see ``ModelSpec.attention_scratch_rows``:
+inside the graph GroupQueryAttention runs T + 1 rows, the last a copy of row T - 1 that no
+real row sees, because onnxruntime's one-row kernel rounds differently from its multi-row
+one); nothing else is touched. The bias is
 0 where the boolean mask above is True and the float32 minimum elsewhere (a tree, hidden
 past slots, the sliding window); GroupQueryAttention also applies its own causal mask by
 slot, which every tree satisfies (parents come before children).
@@ -53,8 +57,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .field_checks import (FieldError, anything, dimension, fail, is_int, mapping, one_of, optional, positive_int, record,
-                           relative_path, sha256_hex, shown, text, token_id, tuple_of)
+from .field_checks import (FieldError, anything, dimension, fail, int_in, is_int, mapping, one_of, optional, positive_int,
+                           record, relative_path, sha256_hex, shown, text, token_id, tuple_of)
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -130,6 +134,11 @@ class ModelSpec:
     # a draft with a pruned vocabulary (specdec.runtime.vocab_map): bundle-relative .npy of the K token ids its
     # logits score, ascending; None = logits over the whole vocabulary
     vocab_subset: str | None = None
+    # fused form: GroupQueryAttention runs T + attention_scratch_rows rows (the extra rows repeat the last one), so a
+    # one-token pass takes onnxruntime's multi-row kernel like a verify pass and a row's numbers do not depend on T;
+    # their KV rows land in scratch slots after the new rows (the buffer has max_context + this many slots).
+    # 0 in bundles written before this field (their one-token passes round differently from verify passes).
+    attention_scratch_rows: int = 0
 
     def __post_init__(self):
         prefix = self.role if self.role in ROLES else "model"
@@ -139,6 +148,9 @@ class ModelSpec:
                     object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
         except FieldError as exc:
             raise BundleError(str(exc)) from None
+        if self.graph != "fused" and self.attention_scratch_rows:
+            raise BundleError(f"manifest.json: {prefix}.attention_scratch_rows applies to the fused form only, "
+                              f"this graph is {self.graph!r}")
         if KV_LAYOUTS.get(self.graph) != self.kv_layout:
             raise BundleError(f"manifest.json: {prefix} graph form {self.graph!r} with KV layout {self.kv_layout!r} "
                               f"is not one of {sorted(KV_LAYOUTS.items())}")
@@ -198,6 +210,7 @@ MODEL_FIELDS = {
     "graph": one_of(tuple(KV_LAYOUTS)),
     "kv_layout": one_of(tuple(KV_LAYOUTS.values())),
     "vocab_subset": optional(text),
+    "attention_scratch_rows": int_in(0, 1),
 }
 
 

@@ -29,7 +29,7 @@ def test_architecture_exports_with_parity(arch, tmp_path):
     manifest = export_bundle(ExportOptions(target=str(target), draft=None, out=tmp_path / "bundle"),
                              progress=lambda msg: None)
     report = manifest.extra["parity_max_abs_error"]["target"]["float"]
-    assert set(report) == {"prefill", "decode", "chain_verify", "tree"}
+    assert set(report) == {"prefill", "decode", "chain_verify", "tree", "rows_vs_decode"}
     for scenario, errors in report.items():
         assert errors["logits"] < TOLERANCE, (scenario, errors)
         assert errors["kv"] < TOLERANCE, (scenario, errors)

@@ -54,9 +54,19 @@ def test_both_forms_match_pytorch_and_record_their_form(both_forms):
         assert (manifest.target.graph, manifest.target.kv_layout) == \
             (form, {"fused": "shared-bnsh", "standard": "split-bsnh"}[form])
         report = manifest.extra["parity_max_abs_error"]["target"]["float"]
-        assert set(report) == {"prefill", "decode", "chain_verify", "tree"}
+        assert set(report) == {"prefill", "decode", "chain_verify", "tree", "rows_vs_decode"}
         for scenario, errors in report.items():
             assert errors["logits"] < TOLERANCE and errors["kv"] < TOLERANCE, (arch, form, scenario, errors)
+
+
+def test_verify_rows_equal_one_token_passes_bit_for_bit(both_forms):
+    """A chain's rows and KV equal one-token passes over the same tokens exactly (parity's "rows_vs_decode"), in
+    both forms: greedy speculation then equals target-only decoding whatever the pass widths. Without the fused
+    graph's scratch row, onnxruntime's one-row attention kernel differs (~1e-7 here, 0.2 on int4 logits)."""
+    arch, bundles = both_forms
+    for form, bundle in bundles.items():
+        report = Manifest.read(bundle).extra["parity_max_abs_error"]["target"]["float"]["rows_vs_decode"]
+        assert report == {"logits": 0.0, "kv": 0.0}, (arch, form, report)
 
 
 def test_fused_graph_has_one_attention_node_per_layer_and_no_past_concat(both_forms):
@@ -141,7 +151,8 @@ def test_rollback_and_compaction_equal_a_fresh_run(both_forms):
 
 
 def test_a_pass_at_long_context_reads_and_writes_the_cache_in_place(both_forms):
-    """At context 1,500 the graph's present outputs are the cache buffer itself; only the T new rows change."""
+    """At context 1,500 the graph's present outputs are the cache buffer itself; only the T new rows change
+    (and the scratch slot after them, which no committed length covers)."""
     arch, bundles = both_forms
     if arch != "llama":
         pytest.skip("one architecture is enough for the buffer check")
@@ -158,7 +169,9 @@ def test_a_pass_at_long_context_reads_and_writes_the_cache_in_place(both_forms):
     # every present output is a cache block itself (no past-sized output allocated); the only other one is logits
     assert cache_blocks <= pointers and len(pointers) == len(cache_blocks) + 1
     changed = np.any(runner.cache != before, axis=(0, 1, 2, 3, 5))
-    assert changed[1500:1505].all() and not changed[:1500].any() and not changed[1505:].any()
+    scratch = runner.spec.attention_scratch_rows
+    assert scratch == 1 and len(changed) == 1600 + scratch
+    assert changed[1500:1505 + scratch].all() and not changed[:1500].any() and not changed[1505 + scratch:].any()
 
 
 def test_greedy_speculative_equals_target_only_on_a_fused_pair(tiny_bundle):
@@ -201,21 +214,32 @@ def test_graph_option_is_validated(tmp_path):
     assert ExportOptions(target="x", draft=None, out=tmp_path).graph == "fused"
     assert ExportOptions(target="x", draft=None, out=tmp_path, dtype="float16").graph == "standard"
     assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4-qdq").graph == "standard"
-    assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4").graph == "standard"  # exactness first
+    assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4").graph == "fused"
     assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4", graph="fused").graph == "fused"
 
 
 def test_old_manifests_load_as_standard(tiny_bundle):
-    """A manifest written before the graph fields existed reads as the standard form."""
+    """A manifest written before the graph fields existed reads as the standard form; a fused manifest written
+    before the scratch row reads with none (its one-token passes round differently, but it still runs)."""
     import json
 
     data = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert data["target"]["attention_scratch_rows"] == 1
+    for role in ("target", "draft"):
+        del data[role]["attention_scratch_rows"]
+    assert Manifest.from_json(json.dumps(data)).target.attention_scratch_rows == 0
     for role in ("target", "draft"):
         del data[role]["graph"], data[role]["kv_layout"]
     manifest = Manifest.from_json(json.dumps(data))
     assert manifest.target.graph == "standard" and manifest.target.kv_layout == "split-bsnh"
     data["target"]["graph"] = "fused"  # a form with the wrong layout is refused
     with pytest.raises(BundleError, match="layout"):
+        Manifest.from_json(json.dumps(data))
+    data["target"]["graph"], data["target"]["attention_scratch_rows"] = "standard", 1
+    with pytest.raises(BundleError, match="attention_scratch_rows applies to the fused form only"):
+        Manifest.from_json(json.dumps(data))
+    data["target"]["attention_scratch_rows"] = 2
+    with pytest.raises(BundleError, match="attention_scratch_rows must be an integer in 0..1"):
         Manifest.from_json(json.dumps(data))
 
 

@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--graph", default="auto", choices=["auto", "fused", "standard"],
                         help="graph form: fused = onnxruntime's GroupQueryAttention with the KV cache read and written "
                              "in place (CPU, fastest); standard = portable ONNX (TensorRT's input); auto (default) = "
-                             "fused for unquantized float32 bundles, standard otherwise (fused int4 is opt-in: its "
-                             "multi-token passes round differently, see README)")
+                             "fused for float32 bundles with --quant none/int4/int8, standard for float16/bfloat16 "
+                             "and int4-qdq (TensorRT's forms)")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="K", nargs="?", const=DEFAULT_DRAFT_VOCAB,
                         help="prune the draft's output vocabulary to the K (default "

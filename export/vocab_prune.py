@@ -241,9 +241,6 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
         raise PruneError(f"{bundle} has no draft model to prune")
     if draft.vocab_subset is not None:
         raise PruneError(f"{bundle}'s draft is already pruned ({draft.vocab_subset}): prune the full bundle")
-    if draft.graph != "standard":
-        raise PruneError(f"{bundle}'s draft is the {draft.graph} graph form: pruning checks the standard form only "
-                         "so far; export the bundle with --graph standard")
     check_destination(out)
     remove_dead_staging(out)
 
@@ -301,14 +298,24 @@ def _compare(full_onnx: Path, pruned_onnx: Path, spec, kept: np.ndarray) -> floa
 
     tokens = 4
     ids = np.asarray(kept[:tokens], dtype=np.int64).reshape(1, tokens)
-    feeds = {"input_ids": ids, "position_ids": np.arange(tokens, dtype=np.int64).reshape(1, tokens),
-             "attention_mask": np.tril(np.ones((tokens, tokens), dtype=bool))[None]}
-    if spec.has_sliding_mask:
-        feeds["sliding_attention_mask"] = feeds["attention_mask"]
+    causal = np.tril(np.ones((tokens, tokens), dtype=bool))
+    feeds = {"input_ids": ids, "position_ids": np.arange(tokens, dtype=np.int64).reshape(1, tokens)}
     kv_dtype = np.dtype(spec.kv_dtype)
+    if spec.graph == "fused":  # the manifest's fused contract: additive bias, lengths, [1, KVH, slots, D] buffers
+        bias = np.where(causal, 0.0, np.finfo(np.float32).min).astype(np.float32)[None, None]
+        feeds.update(attention_bias=bias, seqlens_k=np.array([tokens - 1], np.int32),
+                     total_sequence_length=np.array(tokens, np.int32))
+        if spec.has_sliding_mask:
+            feeds["sliding_attention_bias"] = bias
+        past_shape = (1, spec.num_kv_heads, tokens + spec.attention_scratch_rows, spec.head_dim)
+    else:
+        feeds["attention_mask"] = causal[None]
+        if spec.has_sliding_mask:
+            feeds["sliding_attention_mask"] = causal[None]
+        past_shape = (1, 0, spec.num_kv_heads, spec.head_dim)
     for names in spec.kv:
         for name in (names.past_key, names.past_value):
-            feeds[name] = np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), dtype=kv_dtype)
+            feeds[name] = np.zeros(past_shape, dtype=kv_dtype)
     from specdec.runtime.model_runner import session_options  # the process-wide thread pool, if one is set
 
     logits = []

@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from specdec.runtime.manifest import BundleError
+from specdec.runtime.manifest import BundleError, Manifest
 from specdec.runtime.sampling import SamplingConfig, sampling_distribution
 from specdec.runtime.vocab_map import check_kept_ids, expand_logits, expand_logits_into, load_kept_ids
 
@@ -88,47 +88,54 @@ def _tree_hashes(root):
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def pruned_bundle(tiny_standard_bundle, corpus_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["tiny_bundle", "tiny_standard_bundle"], ids=["fused", "standard"])
+def pruned_bundle(request, corpus_dir, tmp_path_factory):
+    """(pruned bundle dir, its manifest), pruned from the tiny pair in each graph form."""
     from specdec.export.vocab_prune import prune_bundle
 
-    before = _tree_hashes(tiny_standard_bundle)
+    source = request.getfixturevalue(request.param)
+    before = _tree_hashes(source)
     out = tmp_path_factory.mktemp("pruned") / "tiny-k48"
-    manifest = prune_bundle(tiny_standard_bundle, 48, out, corpus_dir)
-    assert _tree_hashes(tiny_standard_bundle) == before  # the source bundle is only read
-    return out, manifest
+    manifest = prune_bundle(source, 48, out, corpus_dir)
+    assert _tree_hashes(source) == before  # the source bundle is only read
+    from specdec.runtime.bundle import open_bundle
+
+    assert manifest.target == open_bundle(source).target  # the target is untouched
+    form = {"tiny_bundle": "fused", "tiny_standard_bundle": "standard"}[request.param]
+    assert manifest.draft.graph == open_bundle(source).draft.graph == form
+    return out, manifest, source
 
 
-def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle, tiny_standard_bundle):
+def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle):
     """The manifest names the subset file, hashes it, declares logits of width K and refuses nothing at load."""
     from specdec.runtime.bundle import open_bundle
 
-    out, manifest = pruned_bundle
+    out, manifest, _ = pruned_bundle
     assert manifest.draft.vocab_subset == "draft/vocab_subset.npy" and manifest.draft.vocab_subset in manifest.files
     assert next(s for s in manifest.draft.outputs if s.name == "logits").shape[-1] == 48
-    assert manifest.target == open_bundle(tiny_standard_bundle).target  # the target is untouched
     kept = load_kept_ids(out, open_bundle(out).draft)
     assert len(kept) == 48 and 1 in kept  # EOS (id 1) is always kept
     assert manifest.extra["draft_vocab"]["max_abs_error_on_kept_logits"] < 1e-5
 
 
-def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle, tiny_standard_bundle):
-    """Same inputs, a 5-token pass: pruned logits == full logits[..., kept] (float32 bundle, exact up to rounding)."""
-    import onnxruntime as ort
+def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle):
+    """Same inputs through the runtime's runner for the form, a 5-token pass after a 3-token past: the pruned
+    draft's logits == the full draft's on the kept ids (float32 bundle, exact up to rounding), -inf elsewhere."""
+    from specdec.runtime.fused_runner import make_runner
 
-    out, manifest = pruned_bundle
+    out, manifest, source = pruned_bundle
     kept = load_kept_ids(out, manifest.draft)
-    spec = manifest.draft
-    feeds = {"input_ids": np.array([[3, 40, 41, 42, 10]]), "position_ids": np.arange(5)[None],
-             "attention_mask": np.tril(np.ones((5, 5), dtype=bool))[None]}
-    for names in spec.kv:
-        feeds[names.past_key] = feeds[names.past_value] = np.zeros((1, 0, spec.num_kv_heads, spec.head_dim), np.float32)
-    from specdec.runtime.model_runner import session_options
-
-    full, pruned = (ort.InferenceSession(str(root / spec.onnx_file), session_options()).run(["logits"], feeds)[0]
-                    for root in (tiny_standard_bundle, out))
-    assert pruned.shape == (1, 5, 48)
-    np.testing.assert_allclose(pruned, full[..., kept], rtol=1e-5, atol=1e-5)
+    rows = []
+    for root, kept_ids in ((source, None), (out, kept)):
+        spec = Manifest.read(root).draft
+        runner = make_runner(str(root / spec.onnx_file), spec, "cpu", 16, 8, kept_ids=kept_ids)
+        runner.forward([3, 40, 41], range(3))
+        runner.commit(3)
+        rows.append(runner.forward([42, 10, 7, 8, 9], range(3, 8)).copy())
+    full, pruned = rows
+    assert pruned.shape == full.shape == (5, manifest.draft.vocab_size) and runner.logits_width == 48
+    np.testing.assert_allclose(pruned[:, kept], full[:, kept], rtol=1e-5, atol=1e-5)
+    assert np.all(np.isneginf(np.delete(pruned, kept, axis=1)))
 
 
 def _load_with_pruned_draft(bundle):
@@ -143,7 +150,7 @@ def _load_with_pruned_draft(bundle):
 
 def test_greedy_speculation_with_a_pruned_draft_equals_target_only(pruned_bundle):
     """The draft can propose only kept ids, yet greedy output == target-only for every g (the target decides)."""
-    out, _ = pruned_bundle
+    out, _, _ = pruned_bundle
     decoder, kept = _load_with_pruned_draft(out)
     for prompt in ("def add(a, b):\n    return", "Once upon a time"):
         baseline = decoder.generate(prompt, max_new_tokens=24, num_draft_tokens=0)
@@ -154,22 +161,13 @@ def test_greedy_speculation_with_a_pruned_draft_equals_target_only(pruned_bundle
 
 def test_sampling_with_a_pruned_draft_runs_and_is_reproducible(pruned_bundle):
     """Sampled speculation with q = 0 off the subset: proposals are made and tested, same seed -> same tokens."""
-    out, _ = pruned_bundle
+    out, _, _ = pruned_bundle
     decoder, _ = _load_with_pruned_draft(out)
     config = SamplingConfig(temperature=0.8)
     runs = [decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=2, proposer="draft",
                              sampling=config, seed=3) for _ in range(2)]
     assert runs[0].stats.proposed > 0 and len(runs[0].token_ids) == 24
     assert runs[0].token_ids == runs[1].token_ids
-
-
-def test_a_fused_draft_is_refused_in_one_line(tiny_bundle, tmp_path, corpus_dir):
-    """Pruning checks the standard form only: a fused-form draft is refused, nothing written."""
-    from specdec.export.vocab_prune import PruneError, prune_bundle
-
-    with pytest.raises(PruneError, match="--graph standard"):
-        prune_bundle(tiny_bundle, 48, tmp_path / "k48", corpus_dir)
-    assert not (tmp_path / "k48").exists()
 
 
 def test_prune_refuses_bad_requests(tiny_standard_bundle, pruned_bundle, tmp_path, corpus_dir):

@@ -59,6 +59,10 @@ class ExportOptions:
     # input) | "auto" = fused whenever the fused form can hold the export (float32, MatMulNBits or no
     # quantization), standard otherwise (float16/bfloat16, int4-qdq: TensorRT's forms).
     graph: str = "auto"
+    # store one table for the token embedding and the lm_head: the lm_head's. For checkpoints whose original is
+    # tied but which carry two quantized copies (the Qwen2.5-Coder GGUFs: output.weight Q6_K, token_embd Q4_K), so
+    # that the int4 bundle stores the table once (tie_model_embeddings; the parity reference is the tied model).
+    tie_embeddings: bool = False
 
     def __post_init__(self):
         if self.graph not in ("auto", "fused", "standard"):
@@ -85,6 +89,26 @@ class ExportOptions:
 
     def block_size_for(self, role: str) -> int:
         return self.draft_block_size if role == "draft" else self.block_size
+
+
+def tie_model_embeddings(model) -> str:
+    """Make the token embedding read the lm_head's table (one Parameter), in place; returns what was done.
+    Raises ExportError if the two tables differ in shape or the model has no separate lm_head."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None:
+        raise ExportError("--tie-embeddings needs a bias-free lm_head")
+    if head.weight is embedding.weight:
+        return "embeddings already tied"
+    if tuple(head.weight.shape) != tuple(embedding.weight.shape):
+        raise ExportError(f"--tie-embeddings: the lm_head table {tuple(head.weight.shape)} and the embedding "
+                          f"{tuple(embedding.weight.shape)} differ in shape")
+    import torch
+
+    with torch.no_grad():
+        drift = float((embedding.weight.float() - head.weight.float()).abs().max())
+    embedding.weight = head.weight
+    model.config.tie_word_embeddings = True
+    return f"embedding tied to the lm_head's table (max abs difference of the two tables was {drift:.3g})"
 
 
 def rss_gib() -> tuple[float, float]:
@@ -161,6 +185,8 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
         raise
     except Exception as exc:  # a truncated / corrupt weights file: safetensors, gguf and torch each raise their own
         raise SourceError(f"cannot load the {role} model from {source.label}: {one_line(exc)}") from None
+    if options.tie_embeddings:
+        progress(f"{role}: {tie_model_embeddings(model)}")
     special = special_token_ids(model, tokenizer)
     prompt, extra = _encode(tokenizer, PARITY_PROMPT), _encode(tokenizer, PARITY_EXTRA)
     extra = (extra * 5)[:5]
@@ -275,7 +301,8 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
             tools=tool_versions(),
             extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),
                    **({"quant_block_size": {role: options.block_size_for(role) for role in specs}}
-                      if options.quant != "none" else {})},
+                      if options.quant != "none" else {}),
+                   **({"tied_embeddings": "lm_head"} if options.tie_embeddings else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
         swap_into_place(staging, out)

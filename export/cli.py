@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "fused for float32 bundles with --quant none/int4/int8, standard for float16/bfloat16 "
                              "and int4-qdq (TensorRT's forms)")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
+    parser.add_argument("--tie-embeddings", action="store_true",
+                        help="one table for the embedding and the lm_head (the lm_head's), stored once in int4: for "
+                             "checkpoints tied in the original but shipped with two quantized copies (the "
+                             "Qwen2.5-Coder GGUFs)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="K", nargs="?", const=DEFAULT_DRAFT_VOCAB,
                         help="prune the draft's output vocabulary to the K (default "
                              f"{DEFAULT_DRAFT_VOCAB}) most frequent tokens of a corpus (default corpus: the Python "
@@ -135,6 +139,7 @@ def _main(args) -> int:
         options = ExportOptions(
             target=str(target), draft=str(draft) if draft else None, out=full_out, dtype=args.dtype,
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level, graph=args.graph,
+            tie_embeddings=args.tie_embeddings,
             **{name: value for name, value in (("block_size", args.block_size),
                                                ("draft_block_size", args.draft_block_size)) if value is not None},
         )

@@ -306,3 +306,43 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
     assert np.abs(rows - expected).max() < 1e-6
     if table is not None:
         assert (np.abs(rows - table) <= np.abs(np.repeat(scales, block, axis=1))[:, :hidden] + 1e-6).all()
+
+
+def test_tie_embeddings_stores_one_int4_table_for_an_untied_model(tmp_path):
+    """--tie-embeddings on a model with two tables: the embedding reads the lm_head's int4 weights (stored once),
+    the manifest says so, the bundle is smaller, and parity is against the tied model."""
+    folder = build_tiny_model(tmp_path / "hf", "llama", seed=0)  # untied: two random tables
+    sizes = {}
+    for tie in (False, True):
+        out = tmp_path / f"tie-{tie}"
+        manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=out, quant="int4",
+                                               tie_embeddings=tie), progress=lambda msg: None)
+        graph = onnx.load(str(out / "target/model.onnx"), load_external_data=False).graph
+        gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+        reshape = next(n for n in graph.node if n.output[0] == gather.input[0])
+        lm_head = next(n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == "logits")
+        assert (reshape.input[0] == lm_head.input[1] and gather.input[2] == lm_head.input[2]) == tie
+        assert manifest.extra.get("tied_embeddings") == ("lm_head" if tie else None)
+        for scenario, errors in manifest.extra["parity_max_abs_error"]["target"]["float"].items():
+            assert errors["logits"] < TOLERANCE, (tie, scenario, errors)
+        sizes[tie] = (out / "target/model.onnx.data").stat().st_size
+    assert sizes[True] < sizes[False]
+
+
+def test_tie_embeddings_refuses_tables_of_different_shapes():
+    from specdec.export.bundle import tie_model_embeddings
+    from specdec.export.worker import ExportError
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 12, bias=False)
+
+        def get_input_embeddings(self):
+            return self.embed
+
+        def get_output_embeddings(self):
+            return self.head
+
+    with pytest.raises(ExportError, match="differ in shape"):
+        tie_model_embeddings(Model())

@@ -15,13 +15,13 @@ tests). RMSNorm is written in the form onnxruntime fuses at session load
 See ``specdec.runtime.manifest`` for the contract.
 
 The scratch row: GroupQueryAttention always runs T + 1 rows, the last a copy of row T - 1
-(position + 1, a scratch KV slot after the new rows, seen by no real row). onnxruntime's CPU
+(same position, a scratch KV slot after the new rows, seen by no real row). onnxruntime's CPU
 kernel multiplies probabilities by V with MLAS's one-row SGEMM when T = 1 and its tiled kernel
 otherwise; the two round differently, and the int8 activations of the int4 projections after
 it turn a 1e-6 difference into 0.2 on the logits, so a verify pass disagreed with one-token
 decoding (greedy speculation matched target-only on 8/12 prompts). With the scratch row every
 pass takes the tiled kernel, whose rows do not depend on T: verify rows equal one-token passes
-bit for bit (``check_parity``'s "rows_vs_decode"), for about 1% of a one-token pass.
+bit for bit (``check_parity``'s "rows_vs_decode"), for 1-2% of a one-token pass.
 """
 
 from __future__ import annotations
@@ -96,8 +96,9 @@ class FusedLM(ExportableLM):
             sliding_bias = None
         seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
         hidden = self._embed(input_ids, position_ids)
-        # what GroupQueryAttention sees: T + 1 rows, the scratch row one position after the last
-        attn_positions = torch.cat((position_ids, position_ids[:, -1:] + 1), dim=1)
+        # what GroupQueryAttention sees: T + 1 rows, the scratch row at the last row's position (never one past
+        # it: the rotary tables end at max_positions - 1)
+        attn_positions = torch.cat((position_ids, position_ids[:, -1:]), dim=1)
         attn_bias = F.pad(attention_bias, (0, SCRATCH_ROWS, 0, SCRATCH_ROWS))
         attn_sliding = None if sliding_bias is None else F.pad(sliding_bias, (0, SCRATCH_ROWS, 0, SCRATCH_ROWS))
         attn_seqlens, attn_total = seqlens_k + SCRATCH_ROWS, total_length + SCRATCH_ROWS

@@ -224,6 +224,14 @@ def test_old_bundle_moved_aside_by_a_dead_export_is_restored(tmp_path):
     assert (out / "manifest.json").read_text() == "{}" and not old.exists()
 
 
+def _default_sigint():
+    """As from a terminal: a test run started in the background (SIGINT ignored, inherited) must not make the
+    exporter ignore Ctrl-C too."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signal_name, code, word", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
 def test_sigint_and_sigterm_are_one_line_and_clean_up(tiny_bundle, tiny_pair_dirs, tmp_path, signal_name, code, word):
     """Ctrl-C (to the whole process group, as a terminal sends it) or SIGTERM (to the exporter only) while the
@@ -238,7 +246,7 @@ def test_sigint_and_sigterm_are_one_line_and_clean_up(tiny_bundle, tiny_pair_dir
     before = _files(out)
     proc = subprocess.Popen([sys.executable, "-m", "specdec.export.cli", "--target", str(tiny_pair_dirs[0]),
                              "--out", str(out), "--no-parity"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(tmp_path.glob(".bundle.partial-*")):
         time.sleep(0.05)

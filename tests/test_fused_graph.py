@@ -174,6 +174,24 @@ def test_a_pass_at_long_context_reads_and_writes_the_cache_in_place(both_forms):
     assert changed[1500:1505 + scratch].all() and not changed[:1500].any() and not changed[1505 + scratch:].any()
 
 
+def test_a_pass_ending_at_the_last_position_runs(both_forms):
+    """The scratch row sits at the last row's position, so a pass ending at max_positions - 1 stays inside the
+    rotary tables; its logits equal the standard form's."""
+    arch, bundles = both_forms
+    if arch != "llama":
+        pytest.skip("one architecture is enough for the edge position")
+    last = Manifest.read(bundles["fused"]).target.max_positions
+    rows = []
+    for form in ("fused", "standard"):
+        runner = _runner(bundles[form], max_context=last, steps=64)
+        for start in range(0, last - 4, 64):
+            count = min(64, last - 4 - start)
+            runner.forward(np.full(count, 7), range(start, start + count))
+            runner.commit(count)
+        rows.append(runner.forward([5, 6, 7, 8], range(last - 4, last)).copy())
+    assert np.abs(rows[0] - rows[1]).max() < TOLERANCE
+
+
 def test_greedy_speculative_equals_target_only_on_a_fused_pair(tiny_bundle):
     """Through SpeculativeDecoder (make_runner): greedy chain and tree drafting == target-only, fused runners."""
     from specdec import SpeculativeDecoder

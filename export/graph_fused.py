@@ -37,7 +37,7 @@ def gqa_reference(query, key, value, past_key, past_value, total_length: int, po
     """GroupQueryAttention on a shared buffer, in PyTorch: (output [B,T,H*D], present_key, present_value).
 
     query [B,T,H*D], key/value [B,T,KVH*D], past_* [B,KVH,C,D] (slots [0, total-T) valid), cos/sin
-    [max_positions, rot/2] or None, bias [B,1,T,total]. Slot-causal like the onnxruntime kernel.
+    [max_positions + SCRATCH_ROWS, rot/2] or None, bias [B,1,T,total]. Slot-causal like the onnxruntime kernel.
     """
     batch, new = query.shape[0], query.shape[1]
     head_dim = past_key.shape[-1]
@@ -78,9 +78,11 @@ class FusedLM(ExportableLM):
 
     def __init__(self, hf_model, max_positions: int):
         super().__init__(hf_model)
-        for lt in self.rope_tables:  # cos/sin tables [max_positions, rot/2], attention scaling folded in
+        # cos/sin tables [max_positions + SCRATCH_ROWS, rot/2], attention scaling folded in: onnxruntime requires
+        # as many rows as GroupQueryAttention's total length, which counts the scratch row (never indexed by it)
+        for lt in self.rope_tables:
             inv_freq = getattr(self, f"inv_freq_{lt}")
-            angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+            angles = torch.arange(max_positions + SCRATCH_ROWS, dtype=torch.float32)[:, None] * inv_freq[None, :]
             scaling = self.rope_tables[lt]
             self.register_buffer(f"cos_{lt}", (angles.cos() * scaling).to(self.dtype), persistent=False)
             self.register_buffer(f"sin_{lt}", (angles.sin() * scaling).to(self.dtype), persistent=False)

@@ -154,10 +154,7 @@ class FusedLM(ExportableLM):
     def _project_qkv(self, index: int, x: torch.Tensor):
         """Q, K, V of the T rows plus the scratch row (a copy of the last row's projections)."""
         qkv = self.fused_qkv[index](x)
-        qkv = torch.cat((qkv, qkv[:, -SCRATCH_ROWS:]), dim=1)
-        q_size = self.num_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        return qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return self._split_qkv(torch.cat((qkv, qkv[:, -SCRATCH_ROWS:]), dim=1))
 
     def _fused_attention(self, index, layer, x, layer_type, position_ids, bias, seqlens_k, total_length,
                          past_k, past_v):

@@ -127,9 +127,12 @@ class ExportableLM(nn.Module):
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
     def _project_qkv(self, index: int, x: torch.Tensor):
+        return self._split_qkv(self.fused_qkv[index](x))
+
+    def _split_qkv(self, qkv: torch.Tensor):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        return self.fused_qkv[index](x).split([q_size, kv_size, kv_size], dim=-1)
+        return qkv.split([q_size, kv_size, kv_size], dim=-1)
 
     def _mlp(self, index: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         mlp = getattr(layer, self.arch.mlp)

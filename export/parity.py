@@ -148,17 +148,16 @@ def check_parity(references: dict, onnx_path: Path, spec: ModelSpec, prompt_ids:
 
     # The graph against itself: the chain's rows vs one-token passes over the same tokens. Greedy speculation
     # equals target-only decoding only if these agree; 0.0 when the rows do not depend on the pass width.
-    step_past, step_logits, step_rows = past, [], []
+    step_past, step_logits = past, []
     for i, token in enumerate(chain):
         one, new_rows = runner.run([token], [n + i], step_past)
         step_logits.append(one[0])
-        step_rows.append(new_rows)
         step_past = [(np.concatenate([k, nk]), np.concatenate([v, nv])) for (k, v), (nk, nv) in zip(step_past, new_rows)]
-    chain_kv = [(k, v) for k, v in rows]
-    decoded_kv = [(k[n:], v[n:]) for k, v in step_past]
+    decoded_rows = [(k[n:], v[n:]) for k, v in step_past]
     report["rows_vs_decode"] = {
         "logits": float(np.abs(logits - np.array(step_logits)).max()),
-        "kv": max(float(np.abs(a - b).max()) for pair_a, pair_b in zip(chain_kv, decoded_kv) for a, b in zip(pair_a, pair_b)),
+        "kv": max(float(np.abs(a - b).max()) for chain_kv, step_kv in zip(rows, decoded_rows)
+                  for a, b in zip(chain_kv, step_kv)),
     }
 
     tree_tokens = extra_ids[:5]

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.runtime.bundle import open_bundle
-from specdec.runtime.manifest import MANIFEST_NAME, BundleError, Manifest, TensorSpec
+from specdec.runtime.manifest import MANIFEST_NAME, Manifest, TensorSpec
 
 SUBSET_NAME = "vocab_subset.npy"
 # Measured on the Qwen2.5-Coder 0.5B/1.5B int4 pair (12 public prompts, greedy g=2, draft step / target step at
@@ -281,7 +281,7 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
                  "corpus_token_coverage": round(coverage, 5), "lm_head": form, "source_bundle": source.name}
         if check:
             progress("checking the pruned draft against the full one (logits on the kept ids)")
-            notes["max_abs_error_on_kept_logits"] = _compare(draft_onnx, target_onnx, draft, kept)
+            notes["max_abs_error_on_kept_logits"] = _compare(draft_onnx, target_onnx, draft, new_draft, kept)
         new = replace(manifest, draft=new_draft, files=hash_tree(staging), tools={**manifest.tools, **tool_versions()},
                       extra={**manifest.extra, "draft_vocab": notes,
                              "prune_seconds": round(time.monotonic() - started, 1)})
@@ -292,38 +292,16 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
     return new
 
 
-def _compare(full_onnx: Path, pruned_onnx: Path, spec, kept: np.ndarray) -> float:
-    """Max |full[..., kept] - pruned| over a 4-token pass from an empty cache (no bundle runner needed)."""
-    import onnxruntime as ort
+def _compare(full_onnx: Path, pruned_onnx: Path, spec, pruned_spec, kept: np.ndarray) -> float:
+    """Max |full[..., kept] - pruned| over a 4-token pass from an empty cache, each graph through the runtime's
+    runner for its form (so the check feeds exactly the manifest's contract)."""
+    from specdec.runtime.fused_runner import make_runner
 
-    tokens = 4
-    ids = np.asarray(kept[:tokens], dtype=np.int64).reshape(1, tokens)
-    causal = np.tril(np.ones((tokens, tokens), dtype=bool))
-    feeds = {"input_ids": ids, "position_ids": np.arange(tokens, dtype=np.int64).reshape(1, tokens)}
-    kv_dtype = np.dtype(spec.kv_dtype)
-    if spec.graph == "fused":  # the manifest's fused contract: additive bias, lengths, [1, KVH, slots, D] buffers
-        bias = np.where(causal, 0.0, np.finfo(np.float32).min).astype(np.float32)[None, None]
-        feeds.update(attention_bias=bias, seqlens_k=np.array([tokens - 1], np.int32),
-                     total_sequence_length=np.array(tokens, np.int32))
-        if spec.has_sliding_mask:
-            feeds["sliding_attention_bias"] = bias
-        past_shape = (1, spec.num_kv_heads, tokens + spec.attention_scratch_rows, spec.head_dim)
-    else:
-        feeds["attention_mask"] = causal[None]
-        if spec.has_sliding_mask:
-            feeds["sliding_attention_mask"] = causal[None]
-        past_shape = (1, 0, spec.num_kv_heads, spec.head_dim)
-    for names in spec.kv:
-        for name in (names.past_key, names.past_value):
-            feeds[name] = np.zeros(past_shape, dtype=kv_dtype)
-    from specdec.runtime.model_runner import session_options  # the process-wide thread pool, if one is set
-
+    tokens = kept[:4]
     logits = []
-    for path in (full_onnx, pruned_onnx):
-        session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
-        logits.append(session.run(["logits"], feeds)[0])
-        del session
-    full, pruned = logits
-    if pruned.shape[-1] != len(kept):
-        raise BundleError(f"the pruned draft's logits have {pruned.shape[-1]} columns, expected {len(kept)}")
-    return float(np.max(np.abs(full[..., kept] - pruned)))
+    for path, model_spec, kept_ids in ((full_onnx, spec, None), (pruned_onnx, pruned_spec, kept)):
+        runner = make_runner(str(path), model_spec, "cpu", len(tokens), len(tokens), kept_ids=kept_ids)
+        logits.append(runner.forward(tokens, range(len(tokens))).copy())
+        del runner
+    full, pruned = logits  # both [T, V]: the runner maps the pruned graph's K columns back to the vocabulary
+    return float(np.max(np.abs(full[:, kept] - pruned[:, kept])))

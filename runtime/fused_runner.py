@@ -4,8 +4,9 @@ The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, max_context
 allocated once; layer l's keys are the contiguous block ``cache[l, 0]``, bound as both the
 graph's ``past.{l}.key`` input and its ``present.{l}.key`` output. onnxruntime's kernel reads
 slots [0, length) and writes the T new rows at slots [length, length + T) in place (and the
-graph's scratch rows after them, never committed); no other slot is touched and nothing past-sized is allocated or copied per pass. The KV bindings are
-made once; a pass only rebinds the small per-pass inputs (ids, positions, bias, lengths).
+graph's scratch rows after them, never committed); no other slot is touched and nothing
+past-sized is allocated or copied per pass. The KV bindings are made once; a pass only rebinds
+the small per-pass inputs (ids, positions, bias, lengths).
 ``commit``/``truncate`` move ``length`` (rollback is a smaller length: rejected rows are
 overwritten by the next pass); ``keep_path`` compacts a tree's accepted path (``_move_kv``).
 

@@ -84,6 +84,13 @@ def test_fused_graph_has_one_attention_node_per_layer_and_no_past_concat(both_fo
                           if {i.name for i in graphs["standard"].input if i.name.startswith("past.")} & set(n.input)}
     assert "GroupQueryAttention" not in standard_consumers
     assert len(nodes) < len(graphs["standard"].node)
+    # packed QKV: the projection goes in whole as the query (no Split), unless a per-head q/k norm sits between
+    from specdec.export.architectures import ARCHITECTURES
+
+    packed = not ARCHITECTURES[arch].qk_norm
+    for node in nodes:
+        if node.op_type == "GroupQueryAttention":
+            assert (node.input[1] == "" and node.input[2] == "") == packed, (arch, list(node.input[:3]))
 
 
 def _script(runner, prompt):

@@ -27,7 +27,7 @@ from pathlib import Path
 from .bundle import default_hash_cache, inside, open_bundle
 from .cost_model import Costs, calibrate
 from .fused_runner import make_runner
-from .proposers import ProposalPlan, plan_uses_draft
+from .proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
 from .request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
 from .rounds import PREFILL_CHUNK, Round, catch_up, chain_round, tree_round
@@ -174,7 +174,7 @@ class SpeculativeDecoder:
         with self._exclusive():
             request, stats = state.request, state.stats
             uses_draft = plan_uses_draft(request, self.draft is not None)
-            costs = self._measured_costs() if request.auto and (uses_draft or request.proposer != "draft") else None
+            costs = self._measured_costs() if plan_needs_costs(request, self.draft is not None) else None
             plan = ProposalPlan(request, self.draft is not None, self.max_context, costs)
             rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng)
 

@@ -39,6 +39,13 @@ def plan_uses_draft(request: Request, has_draft: bool) -> bool:
         request.auto or request.num_draft_tokens > 0 or request.tree is not None)
 
 
+def plan_needs_costs(request: Request, has_draft: bool) -> bool:
+    """Whether the plan chooses proposal lengths from measured pass costs: "auto" chains (draft or lookup).
+    A tree round sizes its tree itself and never reads them."""
+    uses_lookup = request.proposer in ("lookup", "hybrid") and request.num_draft_tokens != 0
+    return request.auto and request.tree is None and (plan_uses_draft(request, has_draft) or uses_lookup)
+
+
 class ProposalPlan:
     def __init__(self, request: Request, has_draft: bool, max_context: int, costs: Costs | None):
         self.request = request
@@ -48,7 +55,7 @@ class ProposalPlan:
         self.model_auto = None
         self.lookup_autos: dict = {}
         self.lookup_size = 0  # n-gram size of the latest lookup proposal
-        if self.auto and (self.uses_draft or self.uses_lookup):
+        if plan_needs_costs(request, has_draft):
             if costs is None:
                 raise ValueError("auto proposal lengths need measured costs")
             if self.uses_draft:

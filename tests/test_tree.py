@@ -160,3 +160,24 @@ def test_kv_compaction_leaves_caches_as_if_the_path_was_decoded(tiny_decoder):
     assert plain_length == len(tree_positions)
     assert np.array_equal(tree_positions, np.arange(plain_length))
     assert np.allclose(tree_rows, tiny_decoder.target.cache[:, :, :, :plain_length], atol=1e-5)
+
+
+def test_a_tree_request_never_calibrates_chain_costs(tiny_decoder, monkeypatch):
+    """A tree sizes itself (shape or draft confidence): it neither waits for nor needs the chain planner's
+    calibrated pass costs; an "auto" chain on the same decoder still gets them."""
+    from specdec.runtime import decoder as decoder_module
+
+    worker = tiny_decoder.fork()
+    worker._costs = None
+    calls = []
+    monkeypatch.setattr(decoder_module, "calibrate", lambda *args, **kwargs: calls.append(1) or _BOOM())
+    for tree in ("2,2,1", "auto"):
+        assert worker.generate(PROMPTS[0], max_new_tokens=8, tree=tree).stats.tree_nodes > 0
+    assert calls == []
+    with pytest.raises(RuntimeError, match="calibrated"):
+        worker.generate(PROMPTS[0], max_new_tokens=8)  # the default: an auto chain
+    assert calls == [1]
+
+
+def _BOOM():
+    raise RuntimeError("calibrated")

@@ -171,17 +171,24 @@ def fill_context(runner, context: int) -> None:
         runner.commit(count)
 
 
-def time_passes(runner, tokens: int, repeats: int) -> float:
-    """Median seconds of ``repeats`` passes of ``tokens`` new tokens after the runner's committed slots
-    (nothing is committed: every pass overwrites the same rows)."""
-    ids = [0] * tokens
+def time_passes(runner, widths, repeats: int) -> list:
+    """Median seconds of a pass of each of ``widths`` new tokens after the runner's committed slots (nothing
+    is committed: every pass overwrites the same rows). The widths take turns, ``repeats`` rounds, so a burst
+    of load on a shared machine lands on every width alike instead of on the one being timed."""
     start = runner.length
-    times = []
+    times = [[] for _ in widths]
     for _ in range(repeats):
-        begin = time.perf_counter()
-        runner.forward(ids, range(start, start + tokens))
-        times.append(time.perf_counter() - begin)
-    return float(np.median(times))
+        for index, tokens in enumerate(widths):
+            begin = time.perf_counter()
+            runner.forward([0] * tokens, range(start, start + tokens))
+            times[index].append(time.perf_counter() - begin)
+    return [float(np.median(row)) for row in times]
+
+
+def monotone(verify) -> tuple:
+    """c(T) never below c(T - 1): a pass over T rows does all the work of one over T - 1 (and more), so a
+    cheaper wider pass is measurement noise, which would otherwise lure the planner to that width."""
+    return tuple(float(cost) for cost in np.maximum.accumulate(np.asarray(verify, dtype=float)))
 
 
 def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5) -> Costs:
@@ -189,13 +196,14 @@ def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CON
     context = min(context, target.max_context - max_tokens - 1)
     try:
         fill_context(target, context)
-        time_passes(target, 1, 1)  # warm-up (first runs allocate)
-        verify = tuple(time_passes(target, t, repeats) for t in range(1, max_tokens + 1))
+        widths = range(1, max_tokens + 1)
+        time_passes(target, widths, 1)  # warm-up (first runs allocate)
+        verify = monotone(time_passes(target, widths, repeats))
         draft_step = 0.0
         if draft is not None:
             fill_context(draft, context)
-            time_passes(draft, 1, 1)
-            draft_step = time_passes(draft, 1, repeats)
+            time_passes(draft, [1], 1)
+            draft_step = time_passes(draft, [1], repeats)[0]
     finally:
         for runner in filter(None, (target, draft)):
             runner.reset()

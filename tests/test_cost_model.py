@@ -140,3 +140,25 @@ def test_observed_passes_scale_every_width_of_that_model():
     assert auto.costs.draft_step == pytest.approx(3.0 * GENAI.draft_step)
     auto.observe_pass("target", 40, 99.0)  # a prefill chunk wider than the curve: no information on its shape
     assert auto.costs.verify[0] == pytest.approx(2.0)
+
+
+def test_calibration_interleaves_widths_and_keeps_wider_passes_at_least_as_costly():
+    """Widths take turns (a burst of load lands on all of them, not on the one being timed), and a wider
+    pass measured cheaper than a narrower one (noise: it does all of the narrower one's work) is raised to it."""
+    from specdec.runtime.cost_model import monotone, time_passes
+
+    class Recorder:
+        length = 7
+
+        def __init__(self):
+            self.widths = []
+
+        def forward(self, ids, positions):
+            assert list(positions) == list(range(7, 7 + len(ids)))  # always after the committed slots
+            self.widths.append(len(ids))
+
+    runner = Recorder()
+    assert len(time_passes(runner, [1, 2, 3], repeats=3)) == 3
+    assert runner.widths == [1, 2, 3] * 3
+    assert monotone([1.0, 1.2, 1.1, 1.5, 1.4]) == (1.0, 1.2, 1.2, 1.5, 1.5)
+    assert monotone([1.0, 1.1, 1.3]) == (1.0, 1.1, 1.3)

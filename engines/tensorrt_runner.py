@@ -13,11 +13,17 @@ import numpy as np
 
 from specdec.runtime.kv_store import DeviceKV
 from specdec.runtime.manifest import BundleError, ModelSpec
+from specdec.runtime.request import MAX_TREE_NODES
+from specdec.runtime.rounds import PREFILL_CHUNK
 from specdec.runtime.runner import Runner
 
 from specdec.runtime.cuda_memory import DeviceBuffer, new_stream, synchronize
 from .profiles import ProfileLimits, build_profiles, profile_for
 from .records import require_standard_form
+
+
+# the most tokens one pass of the decoder carries: a prompt chunk, or a tree plus the pending tokens
+MAX_PASS_TOKENS = max(PREFILL_CHUNK, MAX_TREE_NODES + 2)
 
 
 class TensorRTRunner(Runner):
@@ -29,6 +35,10 @@ class TensorRTRunner(Runner):
 
         if max_context > limits.max_context:
             raise ValueError(f"max_context {max_context} exceeds the engine's profiles ({limits.max_context})")
+        if limits.max_prefill < MAX_PASS_TOKENS:  # refused here, not as a failed pass mid-generation
+            raise BundleError(f"the {spec.role} engine's largest profile takes {limits.max_prefill} tokens per pass; "
+                              f"the decoder's passes take up to {MAX_PASS_TOKENS} (prompt chunks, trees): rebuild the "
+                              f"engines with max_prefill >= {MAX_PASS_TOKENS}")
         self._init_book(spec, max_context, limits.max_prefill)
         logger = trt.Logger(trt.Logger.WARNING)
         with open(engine_path, "rb") as handle:  # hash already verified by specdec.engines.records

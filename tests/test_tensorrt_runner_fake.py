@@ -204,3 +204,15 @@ def test_a_plan_tensorrt_cannot_deserialize_is_a_one_line_error(engine_bundle, t
     plan.write_bytes(b"a plan from another TensorRT")
     with pytest.raises(BundleError, match="could not deserialize .*rebuild it with specdec-export build-engine"):
         TensorRTRunner(str(plan), Manifest.read(engine_bundle).target, LIMITS, CONTEXT)
+
+
+def test_an_engine_whose_profiles_cannot_take_the_decoders_passes_is_refused_at_load(engine_bundle):
+    """Engines built with max_prefill below the decoder's 64-token passes (prompt chunks, trees): one line at
+    load, not a failed pass in the middle of a generation."""
+    from specdec.engines.tensorrt_runner import MAX_PASS_TOKENS
+    from specdec.runtime.manifest import BundleError
+
+    small = ProfileLimits(max_context=CONTEXT, max_verify=16, max_prefill=MAX_PASS_TOKENS - 1)
+    plan = engine_bundle / Manifest.read(engine_bundle).engines["target"]["file"]
+    with pytest.raises(BundleError, match=f"takes {MAX_PASS_TOKENS - 1} tokens per pass.*max_prefill >= 64"):
+        TensorRTRunner(str(plan), Manifest.read(engine_bundle).target, small, CONTEXT)

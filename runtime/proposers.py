@@ -42,8 +42,11 @@ def plan_uses_draft(request: Request, has_draft: bool) -> bool:
 def plan_needs_costs(request: Request, has_draft: bool) -> bool:
     """Whether the plan chooses proposal lengths from measured pass costs: "auto" chains (draft or lookup).
     A tree round sizes its tree itself and never reads them."""
-    uses_lookup = request.proposer in ("lookup", "hybrid") and request.num_draft_tokens != 0
-    return request.auto and request.tree is None and (plan_uses_draft(request, has_draft) or uses_lookup)
+    return request.auto and request.tree is None and (plan_uses_draft(request, has_draft) or plan_uses_lookup(request))
+
+
+def plan_uses_lookup(request: Request) -> bool:
+    return request.proposer in ("lookup", "hybrid") and request.num_draft_tokens != 0
 
 
 class ProposalPlan:
@@ -51,7 +54,7 @@ class ProposalPlan:
         self.request = request
         self.auto = request.auto
         self.uses_draft = plan_uses_draft(request, has_draft)
-        self.uses_lookup = request.proposer in ("lookup", "hybrid") and request.num_draft_tokens != 0
+        self.uses_lookup = plan_uses_lookup(request)
         self.model_auto = None
         self.lookup_autos: dict = {}
         self.lookup_size = 0  # n-gram size of the latest lookup proposal

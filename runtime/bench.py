@@ -378,7 +378,8 @@ def markdown(report: dict) -> str:
     if report.get("peak_rss_mib") is not None:
         lines.append(f"Peak RSS of the bench process: {report['peak_rss_mib']:.0f} MiB.")
     if report.get("load_order"):
-        lines.append(f"Models loaded: {report['load_order']} (the session created first ran 2-3% slower here).")
+        lines.append(f"Models loaded: {report['load_order']} (the creation order can move pass times: "
+                     "compare runs with and without --peers-first).")
     return "\n".join(lines) + "\n"
 
 

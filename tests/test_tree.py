@@ -170,7 +170,7 @@ def test_a_tree_request_never_calibrates_chain_costs(tiny_decoder, monkeypatch):
     worker = tiny_decoder.fork()
     worker._costs = None
     calls = []
-    monkeypatch.setattr(decoder_module, "calibrate", lambda *args, **kwargs: calls.append(1) or _BOOM())
+    monkeypatch.setattr(decoder_module, "calibrate", lambda *args, **kwargs: calls.append(1) or _refuse_calibration())
     for tree in ("2,2,1", "auto"):
         assert worker.generate(PROMPTS[0], max_new_tokens=8, tree=tree).stats.tree_nodes > 0
     assert calls == []
@@ -179,5 +179,5 @@ def test_a_tree_request_never_calibrates_chain_costs(tiny_decoder, monkeypatch):
     assert calls == [1]
 
 
-def _BOOM():
+def _refuse_calibration():
     raise RuntimeError("calibrated")

@@ -22,11 +22,7 @@ otherwise; the two round differently, and the int8 activations of the int4 proje
 it turn a 1e-6 difference into 0.2 on the logits, so a verify pass disagreed with one-token
 decoding (greedy speculation matched target-only on 8/12 prompts). With the scratch row every
 pass takes the tiled kernel, whose rows do not depend on T: verify rows equal one-token passes
-bit for bit (``check_parity``'s "rows_vs_decode"), for 1-2% of a one-token pass of the target.
-Only the target needs it: a draft's rows decide which tokens are proposed, never which are
-emitted, and its one-token passes are the hot loop (the scratch row cost the 0.5B int4 draft
-~12% of a step at context 256: two-row attention, three nodes per layer). ``FusedLM`` takes
-``scratch_rows`` (0 or 1) and the manifest records it per model (``attention_scratch_rows``).
+bit for bit (``check_parity``'s "rows_vs_decode"), for 1-2% of a one-token pass.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ def gqa_reference(query, key, value, past_key, past_value, total_length: int, po
     """GroupQueryAttention on a shared buffer, in PyTorch: (output [B,T,H*D], present_key, present_value).
 
     query [B,T,H*D] (or packed [B,T,(H+2*KVH)*D] with key/value None), key/value [B,T,KVH*D], past_* [B,KVH,C,D]
-    (slots [0, total-T) valid), cos/sin [max_positions + scratch rows, rot/2] or None, bias [B,1,T,total].
+    (slots [0, total-T) valid), cos/sin [max_positions + SCRATCH_ROWS, rot/2] or None, bias [B,1,T,total].
     Slot-causal like the onnxruntime kernel.
     """
     batch, new = query.shape[0], query.shape[1]
@@ -77,24 +73,20 @@ def _rotate(x, cos, sin):
     return torch.cat((a * cos - b * sin, b * cos + a * sin, rest), dim=-1)
 
 
-SCRATCH_ROWS = 1  # rows GroupQueryAttention runs beyond the T new tokens in a target (module doc)
-SCRATCH_ROWS_BY_ROLE = {"target": SCRATCH_ROWS, "draft": 0}  # the draft needs no bit-exact rows (module doc)
+SCRATCH_ROWS = 1  # rows GroupQueryAttention runs beyond the T new tokens (module doc)
 
 
 class FusedLM(ExportableLM):
     """forward(input_ids, position_ids, attention_bias, [sliding_attention_bias], seqlens_k,
     total_sequence_length, *past) -> (logits, *present)."""
 
-    def __init__(self, hf_model, max_positions: int, scratch_rows: int = SCRATCH_ROWS):
+    def __init__(self, hf_model, max_positions: int):
         super().__init__(hf_model)
-        if scratch_rows not in (0, 1):
-            raise ValueError(f"scratch_rows must be 0 or 1, not {scratch_rows!r}")
-        self.scratch_rows = scratch_rows
-        # cos/sin tables [max_positions + scratch_rows, rot/2], attention scaling folded in: onnxruntime requires
+        # cos/sin tables [max_positions + SCRATCH_ROWS, rot/2], attention scaling folded in: onnxruntime requires
         # as many rows as GroupQueryAttention's total length, which counts the scratch row (never indexed by it)
         for lt in self.rope_tables:
             inv_freq = getattr(self, f"inv_freq_{lt}")
-            angles = torch.arange(max_positions + scratch_rows, dtype=torch.float32)[:, None] * inv_freq[None, :]
+            angles = torch.arange(max_positions + SCRATCH_ROWS, dtype=torch.float32)[:, None] * inv_freq[None, :]
             scaling = self.rope_tables[lt]
             self.register_buffer(f"cos_{lt}", (angles.cos() * scaling).to(self.dtype), persistent=False)
             self.register_buffer(f"sin_{lt}", (angles.sin() * scaling).to(self.dtype), persistent=False)
@@ -110,15 +102,12 @@ class FusedLM(ExportableLM):
             sliding_bias = None
         seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
         hidden = self._embed(input_ids, position_ids)
-        # what GroupQueryAttention sees: T + scratch_rows rows, a scratch row at the last row's position (never
-        # one past it: the rotary tables end at max_positions - 1)
-        attn_positions, attn_bias, attn_sliding = position_ids, attention_bias, sliding_bias
-        attn_seqlens, attn_total = seqlens_k, total_length
-        if self.scratch_rows:
-            attn_positions = torch.cat((position_ids, position_ids[:, -1:]), dim=1)
-            attn_bias = F.pad(attention_bias, (0, 1, 0, 1))
-            attn_sliding = None if sliding_bias is None else F.pad(sliding_bias, (0, 1, 0, 1))
-            attn_seqlens, attn_total = seqlens_k + 1, total_length + 1
+        # what GroupQueryAttention sees: T + 1 rows, the scratch row at the last row's position (never one past
+        # it: the rotary tables end at max_positions - 1)
+        attn_positions = torch.cat((position_ids, position_ids[:, -1:]), dim=1)
+        attn_bias = F.pad(attention_bias, (0, SCRATCH_ROWS, 0, SCRATCH_ROWS))
+        attn_sliding = None if sliding_bias is None else F.pad(sliding_bias, (0, SCRATCH_ROWS, 0, SCRATCH_ROWS))
+        attn_seqlens, attn_total = seqlens_k + SCRATCH_ROWS, total_length + SCRATCH_ROWS
 
         def attend(index, layer, x):
             lt = self.layer_types[index]
@@ -167,14 +156,13 @@ class FusedLM(ExportableLM):
         return x, kv_out
 
     def _attention_inputs(self, index: int, attn, x: torch.Tensor) -> tuple:
-        """GroupQueryAttention's (query, key, value) for the T rows plus the scratch row if any (a copy of the
-        last row's projections). Packed: the one QKV projection goes in as ``query`` with ``key``/``value`` absent
+        """GroupQueryAttention's (query, key, value) for the T rows plus the scratch row (a copy of the last
+        row's projections). Packed: the one QKV projection goes in as ``query`` with ``key``/``value`` absent
         (as onnxruntime-genai's graphs do: one Split node less per layer, the same logits; on the int4 Qwen2.5
         1.5B no measurable change in a pass's time). Architectures with a per-head q/k norm split, normalize
         and pass three tensors."""
         qkv = self.fused_qkv[index](x)
-        if self.scratch_rows:
-            qkv = torch.cat((qkv, qkv[:, -1:]), dim=1)
+        qkv = torch.cat((qkv, qkv[:, -SCRATCH_ROWS:]), dim=1)
         if not self.arch.qk_norm:
             return qkv, None, None
         batch, new = qkv.shape[0], qkv.shape[1]
@@ -186,8 +174,8 @@ class FusedLM(ExportableLM):
 
     def _fused_attention(self, index, layer, x, layer_type, position_ids, bias, seqlens_k, total_length,
                          past_k, past_v):
-        """Attention of the T rows of ``x``; position_ids/bias/seqlens_k/total_length describe T + scratch rows."""
-        batch, new = x.shape[0], x.shape[1] + self.scratch_rows
+        """Attention of the T rows of ``x``; position_ids/bias/seqlens_k/total_length describe T + 1 rows."""
+        batch, new = x.shape[0], x.shape[1] + SCRATCH_ROWS
         attn = getattr(layer, self.arch.attn)
         q, k, v = self._attention_inputs(index, attn, x)
         rotary = layer_type in self.rope_tables
@@ -214,4 +202,4 @@ class FusedLM(ExportableLM):
                 q, k, v, past_k, past_v, int(total_length), position_ids, cos, sin, bias.to(q.dtype),
                 self.num_heads, self.num_kv_heads, scale, softcap,
             )
-        return getattr(attn, self.arch.out_proj)(out[:, : x.shape[1]]), present_k, present_v
+        return getattr(attn, self.arch.out_proj)(out[:, :-SCRATCH_ROWS]), present_k, present_v

@@ -17,7 +17,7 @@ import torch
 
 from specdec.runtime.manifest import KV_LAYOUTS, ModelSpec, fused_graph_io, fused_kv_names, graph_io, kv_names
 
-from .graph_fused import SCRATCH_ROWS_BY_ROLE
+from .graph_fused import SCRATCH_ROWS
 from .graph_model import ExportableLM, text_config
 
 OPSET = 18
@@ -64,7 +64,7 @@ def export_model(hf_model, role: str, out_dir: Path, special: dict, dtype: str, 
     if graph == "fused":
         from .graph_fused import FusedLM
 
-        lm = FusedLM(hf_model, max_positions, SCRATCH_ROWS_BY_ROLE[role]).eval()
+        lm = FusedLM(hf_model, max_positions).eval()
         io, names, args = fused_graph_io, fused_kv_names, fused_example_inputs(lm)
         bias_dims = {0: auto, 2: auto, 3: auto}
         rest = [bias_dims] * lm.has_sliding_mask + [{0: auto}, {}] + [{0: auto, 2: auto}] * (2 * len(lm.layers))
@@ -117,7 +117,7 @@ def export_model(hf_model, role: str, out_dir: Path, special: dict, dtype: str, 
         pad_token_id=special["pad_token_id"],
         graph=graph,
         kv_layout=KV_LAYOUTS[graph],
-        attention_scratch_rows=lm.scratch_rows if graph == "fused" else 0,
+        attention_scratch_rows=SCRATCH_ROWS if graph == "fused" else 0,
     )
 
 

@@ -371,28 +371,3 @@ def test_tie_embeddings_refuses_tables_of_different_shapes():
 
     with pytest.raises(ExportError, match="differ in shape"):
         tie_model_embeddings(Model())
-
-
-def test_only_the_target_runs_a_scratch_row(tiny_bundle):
-    """The target's attention runs the scratch row (verify rows bit-identical to one-token passes); the draft's
-    does not: its rows only choose proposals and its one-token passes are the hot loop. The manifest records it
-    per model; the draft's projection feeds GroupQueryAttention directly, the draft still matches PyTorch, and a
-    draft pass writes exactly its own rows into a cache of max_context slots."""
-    manifest = Manifest.read(tiny_bundle)
-    assert (manifest.target.attention_scratch_rows, manifest.draft.attention_scratch_rows) == (1, 0)
-    for role, scratch in (("target", 1), ("draft", 0)):
-        nodes = onnx.load(str(tiny_bundle / role / "model.onnx"), load_external_data=False).graph.node
-        producer = {out: node.op_type for node in nodes for out in node.output}
-        feeds = {producer.get(node.input[0]) for node in nodes if node.op_type == "GroupQueryAttention"}
-        assert ("Concat" in feeds) == bool(scratch), (role, feeds)
-    report = manifest.extra["parity_max_abs_error"]["draft"]["float"]
-    for scenario in ("prefill", "decode", "chain_verify", "tree"):
-        assert report[scenario]["logits"] < TOLERANCE and report[scenario]["kv"] < TOLERANCE, (scenario, report)
-    spec = manifest.draft
-    runner = make_runner(str(tiny_bundle / spec.onnx_file), spec, "cpu", 64, 32)
-    runner.forward(np.arange(3, 13), range(10))
-    runner.commit(10)
-    before = runner.cache.copy()
-    runner.forward([5, 6, 7], range(10, 13))
-    changed = np.any(runner.cache != before, axis=(0, 1, 2, 3, 5))
-    assert len(changed) == 64 and changed[10:13].all() and not changed[:10].any() and not changed[13:].any()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from .cli_args import _draft_tokens, add_load_args, add_sampling_args
@@ -133,7 +134,10 @@ def cmd_chat(args) -> int:
 
 
 def main(argv=None, extensions=()) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(extensions).parse_args(argv)
+    # what a report records as its command: the program's name, never this machine's path to it
+    args.command_line = shlex.join(["specdec", *argv])
     from .bench import cmd_bench
     from .serve_cli import cmd_serve
 

@@ -1,5 +1,6 @@
 """The specdec CLI: text plus a one-line stats summary; bad input is one clear line and a non-zero exit."""
 
+import shlex
 import subprocess
 import sys
 
@@ -60,6 +61,8 @@ def test_bench_writes_json_markdown_and_compares_modes(tiny_bundle, tmp_path):
     assert all_rows["2"]["identical_to_target_only"] == 2  # greedy outputs equal target-only
     assert all_rows["auto"]["identical_to_target_only"] == 2
     assert "| all | draft g=2 |" in (tmp_path / "out" / "bench.md").read_text()
+    # the report's command names the program, not this machine's path to it
+    assert report["command"].startswith("specdec bench ") and "--draft-tokens 2,auto" in report["command"]
 
 
 class _FakeGenai:
@@ -154,5 +157,6 @@ def test_bench_loads_peers_in_the_order_asked_and_records_it(tiny_bundle, tmp_pa
     assert main(argv) == 0
     assert events == (["genai", "specdec"] if peers_first else ["specdec", "genai"])
     order = "peers, then specdec" if peers_first else "specdec, then peers"
-    assert json.loads((tmp_path / "out" / "bench.json").read_text())["load_order"] == order
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert report["load_order"] == order and report["command"] == shlex.join(["specdec", *argv])
     assert f"Models loaded: {order}" in (tmp_path / "out" / "bench.md").read_text()

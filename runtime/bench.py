@@ -449,7 +449,7 @@ def cmd_bench(args) -> int:
     if not args.peers_first:
         peers = load_peers(args, encode, say)
     report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat, peers=peers)
-    report["command"] = getattr(args, "command_line", "specdec bench")
+    report["command"] = args.command_line  # set by cli.main, its only caller
     if peers:
         report["load_order"] = "peers, then specdec" if args.peers_first else "specdec, then peers"
     report["seconds"] = time.perf_counter() - started

@@ -59,8 +59,8 @@ def tiny_decoder(tiny_bundle):
 @pytest.fixture
 def long_decoder_bundle_free_runner(tiny_standard_bundle):
     """A target ModelRunner with a 2048-slot cache whose onnxruntime run is a no-op (host work only)."""
-    from specdec.runtime.manifest import Manifest
-    from specdec.runtime.model_runner import ModelRunner
+    from specdec.contract.manifest import Manifest
+    from specdec.runners.standard import ModelRunner
 
     manifest = Manifest.read(tiny_standard_bundle)
     spec = manifest.target
@@ -88,7 +88,7 @@ def chat_bundle(tiny_bundle, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from specdec.export.bundle import hash_tree, save_tokenizer
-    from specdec.runtime.manifest import MANIFEST_NAME, Manifest
+    from specdec.contract.manifest import MANIFEST_NAME, Manifest
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-chat"
     shutil.copytree(tiny_bundle, out)
@@ -100,3 +100,41 @@ def chat_bundle(tiny_bundle, tmp_path_factory):
     manifest = dataclasses.replace(Manifest.read(out), files=hash_tree(out))
     (out / MANIFEST_NAME).write_text(manifest.to_json())
     return out
+
+
+# ----------------------------------------------------------------------------- the fast loop
+# Anything that exports a model, builds tiny torch models, starts a server, a subprocess or Ray is an
+# integration test, marked here automatically: by the fixtures it uses (every exporting fixture is one
+# of these) and by what its body calls. ``python -m pytest -m "not integration"`` is the fast loop.
+INTEGRATION_FIXTURES = {"tiny_pair_dirs", "tiny_bundle", "tiny_standard_bundle", "tiny_decoder", "chat_bundle",
+                        "long_decoder_bundle_free_runner", "bundle_per_form", "real_pair"}
+INTEGRATION_CALLS = ("export_bundle", "build_tiny_model", "subprocess.", "run_cli(", "specdec-export", "ray.",
+                     "uvicorn", "prune_bundle", "export_model")
+
+
+def _calls_integration(function) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in INTEGRATION_CALLS)
+
+
+def _is_integration(item) -> bool:
+    """The test's body, or any fixture it uses (transitively), exports, spawns or serves."""
+    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _calls_integration(item.function):
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in (info.name2fixturedefs.values() if info else ()):
+        if any(_calls_integration(definition.func) for definition in definitions):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        slow = item.get_closest_marker("slow") or item.get_closest_marker("gpu")  # so `-m "not integration"` skips them too
+        if slow or _is_integration(item):
+            item.add_marker(pytest.mark.integration)

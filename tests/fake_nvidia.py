@@ -159,7 +159,7 @@ def _graph_io(onnx_path: str):
     """(session, {input: (dtype, dims)}, {output: (dtype, dims)}) of an ONNX graph, via onnxruntime."""
     import onnxruntime as ort
 
-    from specdec.runtime.model_runner import session_options  # the process-wide thread pool the runtime set up
+    from specdec.runners.standard import session_options  # the process-wide thread pool the runtime set up
 
     session = ort.InferenceSession(onnx_path, session_options(), providers=["CPUExecutionProvider"])
     inputs = {t.name: (np.dtype(_ONNX_TYPES[t.type]), tuple(t.shape)) for t in session.get_inputs()}

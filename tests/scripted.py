@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from specdec.runtime.decoder import SpeculativeDecoder
-from specdec.runtime.runner import Runner
+from specdec.decoding.decoder import SpeculativeDecoder
+from specdec.runners.runner import Runner
 
 
 class ScriptedModel:
@@ -87,7 +87,7 @@ class ByteCodec:
 def scripted_decoder(vocab: int = 16, eos: int = 15, draft_noise: float = 0.6, seed: int = 0, max_context: int = 512,
                      costs=None, with_draft: bool = True) -> SpeculativeDecoder:
     """A SpeculativeDecoder over scripted target/draft runners (draft = target + noise)."""
-    from specdec.runtime.cost_model import Costs
+    from specdec.decoding.cost_model import Costs
 
     target_model = ScriptedModel(vocab, seed)
     target = ScriptedRunner(target_model, max_context)

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy.stats import chisquare
 
-from specdec.runtime.acceptance import greedy_accept, residual_distribution, speculative_accept
-from specdec.runtime.sampling import SamplingConfig, sample, sampling_distribution
+from specdec.sampling.acceptance import greedy_accept, residual_distribution, speculative_accept
+from specdec.sampling.processors import SamplingConfig, sample, sampling_distribution
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from specdec.runtime import bench
-from specdec.runtime.bench import markdown, summarize
-from specdec.runtime.cost_model import Costs, expected_speedup
+from specdec.bench import bench
+from specdec.bench.bench import markdown, summarize
+from specdec.decoding.cost_model import Costs, expected_speedup
 
 COSTS = Costs(draft_step=0.3, verify=(1.0, 1.04, 1.22, 1.43, 1.65, 1.87, 2.09, 2.30, 2.52))  # int4 pair, issue 13
 
@@ -70,7 +70,7 @@ def test_end_to_end_speedup_charges_the_drafts_prefill():
 
 def test_peer_unknowns_print_as_dashes():
     """A peer's acceptance, passes and time split are None, shown as '-' (not 0 or a made-up 1.00)."""
-    from specdec.runtime.peers import _record
+    from specdec.bench.peers import _record
 
     item = {"id": "p", "kind": "code", "prompt": "x"}
     runs = [_run("p", "0", 100, 10.0), _record(item, "genai:ngram", [1] * 100, 0.1, 5.0, lambda m: None)]
@@ -127,7 +127,7 @@ def test_run_bench_warms_peers_and_calibrates_long_sets_at_their_context(tiny_de
 
 def test_long_context_prompts_are_cut_from_the_standard_library():
     """Each prompt is at most N tokens of a stdlib module's source or docs, ends at a line break; both kinds."""
-    from specdec.runtime.prompt_sets import long_context_prompts
+    from specdec.bench.prompt_sets import long_context_prompts
 
     prompts = long_context_prompts(lambda text: [ord(c) for c in text], lambda ids: "".join(map(chr, ids)), 400)
     assert {p["kind"] for p in prompts} == {"long-code", "long-docs"} and len(prompts) >= 6

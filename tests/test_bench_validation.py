@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from specdec.runtime.bench import build_modes, load_prompts
-from specdec.runtime.cli import main
+from specdec.bench.bench import build_modes, load_prompts
+from specdec.cli.main import main
 
 
 def write_prompts(tmp_path, data) -> str:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from specdec import SpeculativeDecoder
-from specdec.runtime.manifest import BundleError, Manifest
+from specdec.contract.manifest import BundleError, Manifest
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_external_data_symlink_leading_out_is_refused(bundle_copy, tmp_path):
 
 
 def test_external_data_locations_are_read_without_onnx(tiny_bundle):
-    from specdec.runtime.onnx_paths import external_data_locations
+    from specdec.contract.onnx_paths import external_data_locations
 
     assert external_data_locations((tiny_bundle / "target" / "model.onnx").read_bytes()) == {"model.onnx.data"}
 
@@ -289,7 +289,7 @@ def test_every_model_field_has_a_check():
     """A new ModelSpec field needs its line in MODEL_FIELDS (typed and range-checked like the others)."""
     import dataclasses
 
-    from specdec.runtime.manifest import MODEL_FIELDS, ModelSpec
+    from specdec.contract.manifest import MODEL_FIELDS, ModelSpec
 
     assert set(MODEL_FIELDS) == {f.name for f in dataclasses.fields(ModelSpec)}
 
@@ -297,7 +297,7 @@ def test_every_model_field_has_a_check():
 def test_runtime_knows_every_quantization_the_exporter_writes():
     pytest.importorskip("onnx")
     from specdec.export.quantize import QUANTS as EXPORTED
-    from specdec.runtime.manifest import QUANTS
+    from specdec.contract.manifest import QUANTS
 
     assert set(EXPORTED) <= set(QUANTS)
 
@@ -307,7 +307,7 @@ def test_runtime_knows_every_quantization_the_exporter_writes():
 @pytest.mark.parametrize("content", [b"null", b"[]", b'"text"', b"5", b'{"k": 5}', b'{"k": [[1, 2], "ab"]}',
                                      b'{"k": [[1, 2, 3, true], "' + b"a" * 64 + b'"]}', b"\xff\xfe{", b"{"])
 def test_a_hash_cache_of_any_wrong_shape_is_ignored_and_rewritten(tiny_bundle, tmp_path, monkeypatch, content):
-    from specdec.runtime.bundle import default_hash_cache
+    from specdec.contract.bundle import default_hash_cache
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     cache = default_hash_cache()

@@ -13,8 +13,8 @@ deterministic).
 import numpy as np
 import pytest
 
-from specdec.runtime.acceptance import speculative_accept
-from specdec.runtime.sampling import SamplingConfig, sample
+from specdec.sampling.acceptance import speculative_accept
+from specdec.sampling.processors import SamplingConfig, sample
 from toy_chain import CONFIG, ToyPair, chain_tokens, exactness_pvalue
 
 RUNS = 10000

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.runtime.cost_model import AutoDraftLength, Costs, best_gamma, expected_speedup, expected_tokens_per_round
+from specdec.decoding.cost_model import AutoDraftLength, Costs, best_gamma, expected_speedup, expected_tokens_per_round
 
 # onnxruntime-genai's int4 curve on this machine (issue 7): T=2 1.13x, T=3 1.40x, T=5 1.91x, T=8 2.70x
 GENAI = Costs(draft_step=0.37, verify=(1.0, 1.13, 1.40, 1.65, 1.91, 2.18, 2.44, 2.70, 2.95))
@@ -75,7 +75,7 @@ def test_per_token_acceptance_is_the_geometric_mle_not_accepted_over_proposed():
     """g=2 rounds with a = 0.8: accepted/proposed is biased low, accepted/(accepted + rejections) recovers a."""
     import numpy as np
 
-    from specdec.runtime.cost_model import per_token_acceptance
+    from specdec.decoding.cost_model import per_token_acceptance
 
     rng = np.random.default_rng(0)
     a, gamma, rounds = 0.8, 2, 20000
@@ -145,7 +145,7 @@ def test_observed_passes_scale_every_width_of_that_model():
 def test_calibration_interleaves_widths_and_keeps_wider_passes_at_least_as_costly():
     """Widths take turns (a burst of load lands on all of them, not on the one being timed), and a wider
     pass measured cheaper than a narrower one (noise: it does all of the narrower one's work) is raised to it."""
-    from specdec.runtime.cost_model import monotone, time_passes
+    from specdec.decoding.cost_model import monotone, time_passes
 
     class Recorder:
         length = 7

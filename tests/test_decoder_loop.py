@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from specdec.runtime.request import GenerationError
-from specdec.runtime.sampling import DistributionError, SamplingConfig
+from specdec.decoding.request import GenerationError
+from specdec.sampling.processors import DistributionError, SamplingConfig
 
 from scripted import scripted_decoder
 
@@ -58,7 +58,7 @@ def test_coupled_sampling_draws_differ_across_seeds(decoder):
 
 def test_seeded_output_is_the_same_from_a_fresh_or_reused_decoder():
     """Same arguments and seed -> same tokens, whatever decoder (fresh or reused) and its measured costs."""
-    from specdec.runtime.cost_model import Costs
+    from specdec.decoding.cost_model import Costs
 
     first = scripted_decoder()
     other = scripted_decoder(costs=Costs(draft_step=0.9, verify=tuple(1.0 + t for t in range(9))))
@@ -83,7 +83,7 @@ RUNS = 6000
 
 def exact_joint(model, prompt, config, length=3):
     """{tokens: probability} of the first ``length`` tokens: the target's own sampling, processors included."""
-    from specdec.runtime.sampling import sampling_distribution
+    from specdec.sampling.processors import sampling_distribution
 
     joint = {}
     for tokens in itertools.product(range(model.vocab), repeat=length):
@@ -129,13 +129,13 @@ def test_first_three_tokens_follow_the_target_distribution(stat_decoder, mode, a
 
 
 def _plant_context_without_candidates(monkeypatch):
-    from specdec.runtime.request import RequestState
+    from specdec.decoding.request import RequestState
 
     monkeypatch.setattr(RequestState, "context", lambda self, candidates=(): np.fromiter(self.seen, dtype=np.int64))
 
 
 def _plant_bonus_from_previous_row(monkeypatch):
-    from specdec.runtime import rules
+    from specdec.decoding import rules
 
     original = rules.TokenRule.verify_chain
 
@@ -150,7 +150,7 @@ def _plant_bonus_from_previous_row(monkeypatch):
 
 def _plant_noise_of_round_offset(monkeypatch):
     """Coupled noise keyed by the offset within a round instead of the absolute position."""
-    from specdec.runtime import coupling
+    from specdec.sampling import coupling
 
     original = coupling.PositionNoise.at
     monkeypatch.setattr(coupling.PositionNoise, "at", lambda self, position: original(self, position % 2))
@@ -255,7 +255,7 @@ def test_tiny_temperature_is_greedy_not_nan(decoder):
 
 
 def test_extreme_penalties_form_distributions():
-    from specdec.runtime.sampling import sampling_distribution
+    from specdec.sampling.processors import sampling_distribution
 
     logits = np.array([-3.0, 2.0, -1.0, 0.5], dtype=np.float32)
     for penalty in (1e-30, 1e30, 1e300):
@@ -266,7 +266,7 @@ def test_extreme_penalties_form_distributions():
 
 
 def test_nan_logits_are_an_error_not_the_last_token():
-    from specdec.runtime.sampling import greedy_token, sample, sampling_distribution
+    from specdec.sampling.processors import greedy_token, sample, sampling_distribution
 
     logits = np.array([np.nan, 1.0, 2.0], dtype=np.float32)
     with pytest.raises(DistributionError):

@@ -5,10 +5,10 @@ import hashlib
 
 import pytest
 
-from specdec.runtime.memory import MemoryBudgetError, budget, check_fits
-from specdec.engines.profiles import ProfileLimits, build_profiles, profile_for
-from specdec.engines.records import DeviceInfo, EngineRecord, verified_engine
-from specdec.runtime.manifest import BundleError, Manifest
+from specdec.runners.memory import MemoryBudgetError, budget, check_fits
+from specdec.runners.tensorrt.profiles import ProfileLimits, build_profiles, profile_for
+from specdec.runners.tensorrt.records import DeviceInfo, EngineRecord, verified_engine
+from specdec.contract.manifest import BundleError, Manifest
 
 DEVICE = DeviceInfo(tensorrt_version="10.3.0", compute_capability="8.7")
 
@@ -83,7 +83,7 @@ def test_unknown_engine_is_refused(bundle_with_fake_engine):
 
 
 def test_int4_bundles_are_refused_for_tensorrt_with_a_reason(tiny_standard_bundle):
-    from specdec.engines.tensorrt_build import check_engine_ready
+    from specdec.runners.tensorrt.build import check_engine_ready
 
     spec = dataclasses.replace(Manifest.read(tiny_standard_bundle).target, quant="int4")
     with pytest.raises(ValueError, match="MatMulNBits.*TensorRT cannot parse.*int4-qdq"):

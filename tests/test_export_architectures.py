@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from specdec.export.architectures import ARCHITECTURES  # noqa: E402
 from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
-from specdec.runtime.manifest import Manifest  # noqa: E402
+from specdec.contract.manifest import Manifest  # noqa: E402
 from tiny_models import ARCHS, build_tiny_model  # noqa: E402
 
 TOLERANCE = 1e-4

@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
-from specdec.runtime.fused_runner import FusedRunner, make_runner  # noqa: E402
-from specdec.runtime.manifest import BundleError, Manifest  # noqa: E402
-from specdec.runtime.model_runner import ModelRunner  # noqa: E402
+from specdec.runners.fused import FusedRunner, make_runner  # noqa: E402
+from specdec.contract.manifest import BundleError, Manifest  # noqa: E402
+from specdec.runners.standard import ModelRunner  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -219,8 +219,8 @@ def test_greedy_speculative_equals_target_only_on_a_fused_pair(tiny_bundle):
 
 def test_fused_bundles_are_refused_for_tensorrt(tiny_bundle):
     """TensorRT (engines/ and the tensorrt providers) refuses a fused bundle with one clear line."""
-    from specdec.engines.records import require_standard_form
-    from specdec.engines.tensorrt_build import check_engine_ready
+    from specdec.runners.tensorrt.records import require_standard_form
+    from specdec.runners.tensorrt.build import check_engine_ready
 
     spec = Manifest.read(tiny_bundle).target
     for check in (require_standard_form, check_engine_ready):
@@ -324,7 +324,7 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
         [reshape, gather], "embed", [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [1, vocab])],
         [helper.make_tensor_value_info(gather.output[0], onnx.TensorProto.FLOAT, None)],
         [t for t in graph.initializer if t.name in (*reshape.input, *gather.input)]), opset_imports=model.opset_import)
-    from specdec.runtime.model_runner import session_options
+    from specdec.runners.standard import session_options
 
     rows = ort.InferenceSession(sub.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]).run(
         None, {"input_ids": np.arange(vocab, dtype=np.int64)[None]})[0][0]

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from specdec.runtime.acceptance import speculative_accept
-from specdec.runtime.lookup import lookup_match, lookup_proposal, one_hot_rows
+from specdec.sampling.acceptance import speculative_accept
+from specdec.decoding.lookup import lookup_match, lookup_proposal, one_hot_rows
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specdec.runtime.sampling import SamplingConfig, greedy_token, sampling_distribution
+from specdec.sampling.processors import SamplingConfig, greedy_token, sampling_distribution
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")

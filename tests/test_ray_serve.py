@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 def test_options_validated():
     """Bad replica settings are refused with the field named."""
-    from specdec.runtime.ray_serve import RayOptions
+    from specdec.serving.ray_serve import RayOptions
 
     with pytest.raises(ValueError, match="replicas"):
         RayOptions(bundle="b", model_name="m", replicas=0)
@@ -43,7 +43,7 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
     statistics off): both replicas answer the OpenAI routes, greedy answers equal dec.generate / chat, and
     Ctrl-C stops everything. (~30-60 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
     from specdec import SpeculativeDecoder
-    from specdec.runtime.chat import chat
+    from specdec.decoding.chat import chat
 
     decoder = SpeculativeDecoder.load(chat_bundle)
     prompts = [f"def g{i}(y):" for i in range(4)]
@@ -54,7 +54,7 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "specdec.runtime.cli", "serve", str(chat_bundle), "--ray", "--replicas", "2",
+        [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--ray", "--replicas", "2",
          "--cpus-per-replica", "0.5", "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:

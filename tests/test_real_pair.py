@@ -20,7 +20,7 @@ def _bundle(env: str, quant: str) -> Path:
         return Path(os.environ[env])
     from specdec.export.bundle import ExportOptions, export_bundle
     from specdec.export.pair import DEFAULT_PAIR, pair_sources
-    from specdec.demo import default_bundle
+    from specdec.cli.demo import default_bundle
 
     bundle = default_bundle().with_name(f"qwen2.5-coder-{quant}")
     if not (bundle / "manifest.json").is_file():

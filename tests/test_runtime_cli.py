@@ -8,7 +8,7 @@ import pytest
 
 
 def specdec(*args):
-    return subprocess.run([sys.executable, "-m", "specdec.runtime.cli", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "specdec.cli.main", *map(str, args)], capture_output=True, text=True)
 
 
 def test_generate_prints_text_and_stats(tiny_bundle):
@@ -109,8 +109,8 @@ class _FakeGenai:
 
 
 def test_genai_peer_runs_each_prompt_beside_specdec(tiny_decoder, tmp_path, monkeypatch):
-    from specdec.runtime.bench import run_bench
-    from specdec.runtime.peers import GenaiPeer
+    from specdec.bench.bench import run_bench
+    from specdec.bench.peers import GenaiPeer
 
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", _FakeGenai)
     with pytest.raises(ValueError, match="no genai_config.json"):
@@ -139,8 +139,8 @@ def test_bench_loads_peers_in_the_order_asked_and_records_it(tiny_bundle, tmp_pa
     a 2-core CPU, so a fair comparison runs both); the report and its footer name the order."""
     import json
 
-    from specdec.runtime import decoder as decoder_module
-    from specdec.runtime.cli import main
+    from specdec.decoding import decoder as decoder_module
+    from specdec.cli.main import main
 
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", _FakeGenai)
     (tmp_path / "genai").mkdir()

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from specdec import SamplingConfig, SpeculativeDecoder
-from specdec.runtime.sampling import sample
+from specdec.sampling.processors import sample
 
 torch = pytest.importorskip("torch")
 
@@ -96,10 +96,10 @@ def test_recording_the_untruncated_softmax_is_caught(different_pair, monkeypatch
     joint = exact_joint(target_dir, decoder.codec.encode(PROMPT))
 
 
-    from specdec.runtime.rules import TokenRule
+    from specdec.decoding.rules import TokenRule
 
     def untruncated_record(self, logits, context, position):
-        from specdec.runtime.sampling import sampling_distribution
+        from specdec.sampling.processors import sampling_distribution
 
         dist = sampling_distribution(logits, context, self.config)
         token = sample(dist, self.rng)
@@ -121,8 +121,8 @@ def test_tree_sampling_matches_exact_target_distribution(different_pair, tree):
 
 def test_wrong_sibling_correction_is_caught(different_pair, monkeypatch):
     """Siblings are drawn without replacement: keeping q unchanged after a rejection (the with-replacement rule) is biased."""
-    from specdec.runtime import rules as rules_module
-    from specdec.runtime.tree import tree_speculative_accept
+    from specdec.decoding import rules as rules_module
+    from specdec.decoding.tree import tree_speculative_accept
 
     target_dir, bundle = different_pair
     decoder = SpeculativeDecoder.load(bundle)

@@ -56,7 +56,7 @@ def served(chat_bundle):
     """`specdec serve` in a subprocess on 127.0.0.1 (2 workers, 4 waiting); yields (base url, process)."""
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "specdec.runtime.cli", "serve", str(chat_bundle), "--host", "127.0.0.1", "--port",
+        [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--host", "127.0.0.1", "--port",
          str(port), "--workers", "2", "--max-queue", "4", "--model-name", MODEL, "--shutdown-grace", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
@@ -88,7 +88,7 @@ def test_models_health_metrics(served):
 
 def test_openai_client_chat_equals_in_process(client, decoder):
     """Greedy chat through the official client (plain and streamed) is dec.chat's text, with its token counts."""
-    from specdec.runtime.chat import chat, chat_prompt
+    from specdec.decoding.chat import chat, chat_prompt
 
     expected = chat(decoder, MESSAGES, max_new_tokens=20)
     reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0)
@@ -256,8 +256,8 @@ def _uvicorn(app, grace: float = 1.0):
 @pytest.fixture
 def slow_server(decoder):
     """One worker, no waiting room, a stream that takes ~10 s unless cancelled."""
-    from specdec.runtime.server import ServerOptions, create_app
-    from specdec.runtime.server_pool import DecoderPool, PoolOptions
+    from specdec.serving.app import ServerOptions, create_app
+    from specdec.serving.pool import DecoderPool, PoolOptions
 
     pool = DecoderPool(SlowDecoder(decoder.fork(), 0.05), PoolOptions(workers=1, max_queue=0))
     with _uvicorn(create_app(pool, ServerOptions(model_name=MODEL, shutdown_grace=1.0))) as (url, server):
@@ -351,7 +351,7 @@ def test_pool_shares_sessions_and_bounds_the_queue(decoder):
     raise PoolBusy; options are validated."""
     import asyncio
 
-    from specdec.runtime.server_pool import END, DecoderPool, PoolBusy, PoolOptions
+    from specdec.serving.pool import END, DecoderPool, PoolBusy, PoolOptions
 
     with pytest.raises(ValueError, match="workers"):
         PoolOptions(workers=0)

@@ -15,11 +15,11 @@ import pytest
 
 import fake_nvidia
 from specdec import SpeculativeDecoder
-from specdec.engines import tensorrt_runners
-from specdec.engines.profiles import ProfileLimits
-from specdec.engines.tensorrt_runner import TensorRTRunner
-from specdec.runtime.manifest import Manifest
-from specdec.runtime.model_runner import ModelRunner
+from specdec.runners.tensorrt import tensorrt_runners
+from specdec.runners.tensorrt.profiles import ProfileLimits
+from specdec.runners.tensorrt.runner import TensorRTRunner
+from specdec.contract.manifest import Manifest
+from specdec.runners.standard import ModelRunner
 
 LIMITS = ProfileLimits(max_context=256, max_verify=16, max_prefill=64)
 CONTEXT = LIMITS.max_context
@@ -36,7 +36,7 @@ def cudart():
 @pytest.fixture(scope="module")
 def engine_bundle(cudart, tiny_standard_bundle, tmp_path_factory):
     """A copy of the tiny bundle with both engines built and recorded by the real build_engines."""
-    from specdec.engines.tensorrt_build import build_engines
+    from specdec.runners.tensorrt.build import build_engines
 
     root = tmp_path_factory.mktemp("trt") / "bundle"
     shutil.copytree(tiny_standard_bundle, root)
@@ -198,7 +198,7 @@ def test_the_fakes_refuse_what_tensorrt_would_refuse(engine_bundle, cudart):
 
 def test_a_plan_tensorrt_cannot_deserialize_is_a_one_line_error(engine_bundle, tmp_path):
     """deserialize_cuda_engine returns None for a plan it cannot load (TensorRT logs why): a BundleError, no traceback."""
-    from specdec.runtime.manifest import BundleError
+    from specdec.contract.manifest import BundleError
 
     plan = tmp_path / "target.engine"
     plan.write_bytes(b"a plan from another TensorRT")
@@ -209,8 +209,8 @@ def test_a_plan_tensorrt_cannot_deserialize_is_a_one_line_error(engine_bundle, t
 def test_an_engine_whose_profiles_cannot_take_the_decoders_passes_is_refused_at_load(engine_bundle):
     """Engines built with max_prefill below the decoder's 64-token passes (prompt chunks, trees): one line at
     load, not a failed pass in the middle of a generation."""
-    from specdec.engines.tensorrt_runner import MAX_PASS_TOKENS
-    from specdec.runtime.manifest import BundleError
+    from specdec.runners.tensorrt.runner import MAX_PASS_TOKENS
+    from specdec.contract.manifest import BundleError
 
     small = ProfileLimits(max_context=CONTEXT, max_verify=16, max_prefill=MAX_PASS_TOKENS - 1)
     plan = engine_bundle / Manifest.read(engine_bundle).engines["target"]["file"]

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specdec.runtime import tree as tree_module
-from specdec.runtime.tree import (ROOT, DraftTree, allocate_children, greedy_tree_accept, parse_tree,
+from specdec.decoding import tree as tree_module
+from specdec.decoding.tree import (ROOT, DraftTree, allocate_children, greedy_tree_accept, parse_tree,
                                   pick_children, tree_size, tree_speculative_accept)
 from toy_chain import ToyPair, exactness_pvalue, tree_tokens
 
@@ -165,7 +165,7 @@ def test_kv_compaction_leaves_caches_as_if_the_path_was_decoded(tiny_decoder):
 def test_a_tree_request_never_calibrates_chain_costs(tiny_decoder, monkeypatch):
     """A tree sizes itself (shape or draft confidence): it neither waits for nor needs the chain planner's
     calibrated pass costs; an "auto" chain on the same decoder still gets them."""
-    from specdec.runtime import decoder as decoder_module
+    from specdec.decoding import decoder as decoder_module
 
     worker = tiny_decoder.fork()
     worker._costs = None

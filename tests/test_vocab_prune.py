@@ -5,9 +5,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from specdec.runtime.manifest import BundleError, Manifest
-from specdec.runtime.sampling import SamplingConfig, sampling_distribution
-from specdec.runtime.vocab_map import check_kept_ids, expand_logits, expand_logits_into, load_kept_ids
+from specdec.contract.manifest import BundleError, Manifest
+from specdec.sampling.processors import SamplingConfig, sampling_distribution
+from specdec.runners.vocab_map import check_kept_ids, expand_logits, expand_logits_into, load_kept_ids
 
 KEPT = np.array([1, 4, 5, 9], dtype=np.int64)
 
@@ -98,7 +98,7 @@ def pruned_bundle(request, corpus_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("pruned") / "tiny-k48"
     manifest = prune_bundle(source, 48, out, corpus_dir)
     assert _tree_hashes(source) == before  # the source bundle is only read
-    from specdec.runtime.bundle import open_bundle
+    from specdec.contract.bundle import open_bundle
 
     assert manifest.target == open_bundle(source).target  # the target is untouched
     form = {"tiny_bundle": "fused", "tiny_standard_bundle": "standard"}[request.param]
@@ -108,7 +108,7 @@ def pruned_bundle(request, corpus_dir, tmp_path_factory):
 
 def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle):
     """The manifest names the subset file, hashes it, declares logits of width K and refuses nothing at load."""
-    from specdec.runtime.bundle import open_bundle
+    from specdec.contract.bundle import open_bundle
 
     out, manifest, _ = pruned_bundle
     assert manifest.draft.vocab_subset == "draft/vocab_subset.npy" and manifest.draft.vocab_subset in manifest.files
@@ -121,7 +121,7 @@ def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle):
 def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle):
     """Same inputs through the runtime's runner for the form, a 5-token pass after a 3-token past: the pruned
     draft's logits == the full draft's on the kept ids (float32 bundle, exact up to rounding), -inf elsewhere."""
-    from specdec.runtime.fused_runner import make_runner
+    from specdec.runners.fused import make_runner
 
     out, manifest, source = pruned_bundle
     kept = load_kept_ids(out, manifest.draft)
@@ -250,7 +250,7 @@ def test_every_lm_head_form_is_sliced_to_the_kept_rows(form):
     import onnxruntime as ort
 
     from specdec.export.vocab_prune import prune_lm_head
-    from specdec.runtime.model_runner import session_options
+    from specdec.runners.standard import session_options
 
     model = _head_graph(form)
     kept = np.sort(np.random.default_rng(2).choice(VOCAB, K_KEPT, replace=False)).astype(np.int64)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import chisquare
 
-from specdec.runtime.acceptance import speculative_accept
-from specdec.runtime.sampling import SamplingConfig, sample, sampling_distribution
-from specdec.runtime.tree import ROOT, DraftTree, pick_children, tree_speculative_accept
+from specdec.sampling.acceptance import speculative_accept
+from specdec.sampling.processors import SamplingConfig, sample, sampling_distribution
+from specdec.decoding.tree import ROOT, DraftTree, pick_children, tree_speculative_accept
 
 VOCAB = 5
 PROMPT = (0,)

@@ -1,0 +1,156 @@
+"""``specdec``: a thin argv front (generate, chat, serve, bench, demo); every command is a library call."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from specdec.cli.args import _draft_tokens, add_load_args, add_sampling_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with a specdec bundle.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="generate text from a prompt")
+    generate.add_argument("bundle")
+    generate.add_argument("prompt")
+    add_sampling_args(generate)
+    add_load_args(generate)
+    generate.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
+                          help="draft length per round, auto (default) or 0 = target only")
+    generate.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"],
+                          help="default: hybrid (lookup for a bundle without a draft)")
+    generate.add_argument("--tree", default=None, help="draft tree shape, e.g. 2,2,1, or auto")
+    generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+    generate.add_argument("--chat", action="store_true",
+                          help="the prompt is a user message: render the bundle's chat template around it")
+    generate.add_argument("--system", default=None, help="system message (with --chat)")
+
+    chat = commands.add_parser("chat", help="interactive chat in the terminal (streams; /reset, /exit)")
+    chat.add_argument("bundle")
+    chat.add_argument("--system", default=None, help="system message")
+    add_sampling_args(chat)
+    add_load_args(chat)
+    chat.add_argument("--draft-tokens", type=_draft_tokens, default="auto")
+    chat.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"])
+    chat.add_argument("--tree", default=None)
+
+    from specdec.cli.serve import add_serve_parser
+
+    add_serve_parser(commands, add_load_args)
+
+    from specdec.cli.bench import add_bench_parser
+
+    add_bench_parser(commands)
+    from specdec.cli.demo import add_demo_parser
+
+    add_demo_parser(commands)
+    return parser
+
+
+def _load(args):
+    from specdec.decoding.decoder import SpeculativeDecoder
+
+    return SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
+                                   threads=args.threads, verify=not args.no_verify)
+
+
+def _sampling(args):
+    from specdec.sampling.processors import SamplingConfig
+
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty)
+
+
+def _options(args) -> dict:
+    return dict(max_new_tokens=args.max_new_tokens, sampling=_sampling(args), num_draft_tokens=args.draft_tokens,
+                seed=args.seed, proposer=args.proposer, tree=args.tree, acceptance=args.acceptance)
+
+
+def _conversation(system, user=None) -> list:
+    return ([{"role": "system", "content": system}] if system is not None else []) + (
+        [{"role": "user", "content": user}] if user is not None else [])
+
+
+def cmd_generate(args) -> int:
+    from specdec.decoding.chat import chat, chat_template_of, stream_chat
+    from specdec.decoding.decoder import GenerationStats
+
+    decoder = _load(args)
+    kwargs = _options(args)
+    if args.chat:
+        chat_template_of(decoder)  # a bundle without a template: one line, before any generation
+    elif args.system is not None:
+        raise ValueError("--system applies to --chat")
+    if args.stream:
+        stats = GenerationStats()
+        pieces = (stream_chat(decoder, _conversation(args.system, args.prompt), stats=stats, **kwargs) if args.chat
+                  else decoder.stream(args.prompt, stats=stats, **kwargs))
+        for piece in pieces:
+            print(piece, end="", flush=True)
+        print()
+    else:
+        result = (chat(decoder, _conversation(args.system, args.prompt), **kwargs) if args.chat
+                  else decoder.generate(args.prompt, **kwargs))
+        print(result.text)
+        stats = result.stats
+    print(f"[specdec] {stats.summary()}", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    """Read user turns from stdin, stream each reply; the conversation accumulates until /reset or EOF."""
+    from specdec.decoding.chat import chat_template_of, stream_chat
+
+    decoder = _load(args)
+    chat_template_of(decoder)
+    interactive = sys.stdin.isatty()
+    messages = _conversation(args.system)
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            messages = _conversation(args.system)
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        reply = []
+        try:
+            for piece in stream_chat(decoder, messages, **_options(args)):
+                reply.append(piece)
+                print(piece, end="", flush=True)
+        except ValueError as exc:  # e.g. the conversation outgrew the context: say so, keep the session
+            print(f"specdec: error: {exc}", file=sys.stderr)
+            messages.pop()
+            continue
+        print(flush=True)
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    # what a report records as its command: the program's name, never this machine's path to it
+    args.command_line = shlex.join(["specdec", *argv])
+    from specdec.cli.bench import cmd_bench
+    from specdec.cli.demo import cmd_demo
+    from specdec.cli.serve import cmd_serve
+
+    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "demo": cmd_demo}
+    try:
+        return handlers[args.command](args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""``specdec serve``: argv for the OpenAI-compatible server (local uvicorn, or replicas on Ray Serve)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_serve_parser(commands, add_load_args) -> None:
+    serve = commands.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API")
+    serve.add_argument("bundle")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1,
+                       help="concurrent generations per process (each a KV cache; the weights are shared)")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the bundle folder name)")
+    serve.add_argument("--shutdown-grace", type=float, default=10.0,
+                       help="seconds in-flight requests may take to finish at shutdown before they are cancelled")
+    add_load_args(serve)
+    ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
+    ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
+    ray.add_argument("--address", default=None,
+                     help="Ray cluster to join (e.g. 10.0.0.5:6379, or auto); default: start a local Ray instance")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas, each with its own decoder pool")
+    ray.add_argument("--max-replicas", type=int, default=None,
+                     help="autoscale between --replicas and this many replicas on ongoing requests")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0)
+
+
+def model_name(args) -> str:
+    return args.model_name or Path(args.bundle).resolve().name
+
+
+def cmd_serve(args) -> int:
+    if args.ray:
+        from specdec.serving.ray_serve import RayOptions, serve_on_ray
+
+        options = RayOptions(bundle=str(args.bundle), model_name=model_name(args), host=args.host, port=args.port,
+                             workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
+                             max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
+                             address=args.address, provider=args.provider, max_context=args.max_context,
+                             threads=args.threads, verify=not args.no_verify)
+        return serve_on_ray(options)
+    try:
+        import uvicorn
+
+        from specdec.serving.app import ServerOptions, create_app
+    except ImportError as exc:
+        raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
+    from specdec.decoding.decoder import SpeculativeDecoder
+
+    from specdec.serving.pool import DecoderPool, PoolOptions
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
+    server_options = ServerOptions(model_name=model_name(args), shutdown_grace=args.shutdown_grace)
+    decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
+                                      threads=args.threads, verify=not args.no_verify)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
+              "can use it", file=sys.stderr)
+    app = create_app(DecoderPool(decoder, pool_options), server_options)
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
+                log_level="info")
+    return 0

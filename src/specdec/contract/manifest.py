@@ -1,0 +1,416 @@
+"""The exported I/O contract: one frozen dataclass tree, written to ``manifest.json``.
+
+The exporter writes it; the runtime binds only from it (names, dtypes, ranks, sizes).
+Nothing here imports torch: the runtime reads manifests on edge devices.
+
+Graph contract of every exported model (one graph per model, T new tokens, P past slots):
+
+| name                              | dir | dtype          | shape                                |
+|-----------------------------------|-----|----------------|--------------------------------------|
+| input_ids                         | in  | int64          | [batch, new_tokens]                  |
+| position_ids                      | in  | int64          | [batch, new_tokens]                  |
+| attention_mask                    | in  | bool           | [batch, new_tokens, past + new]      |
+| sliding_attention_mask (optional) | in  | bool           | [batch, new_tokens, past + new]      |
+| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, past, kv_heads, head_dim]    |
+| logits                            | out | float32        | [batch, new_tokens, vocab]           |
+| new.{i}.key / new.{i}.value       | out | kv dtype       | [batch, new_tokens, kv_heads, head_dim] |
+
+``attention_mask[b, t, j]`` is True where new token t may attend to slot j (the past slots
+first, then the T new tokens): it expresses any tree among the new tokens and which past
+slots are valid. ``sliding_attention_mask`` is the same with the model's sliding window
+applied; only models with sliding-window layers have it. The KV layout is sequence-major
+so that ``cache[:, :P]`` and ``cache[:, P:P+T]`` are contiguous views for batch 1: the
+runtime binds the past in place and lets the graph write the new rows straight into the
+cache.
+
+Fused form (``ModelSpec.graph == "fused"``, onnxruntime only; ``kv_layout == "shared-bnsh"``):
+attention is onnxruntime's ``com.microsoft.GroupQueryAttention`` (rotary inside), reading and
+writing one preallocated cache per layer in place; the past is never concatenated.
+
+| name                              | dir | dtype          | shape                                |
+|-----------------------------------|-----|----------------|--------------------------------------|
+| input_ids                         | in  | int64          | [batch, new_tokens]                  |
+| position_ids                      | in  | int64          | [batch, new_tokens]                  |
+| attention_bias                    | in  | float32        | [batch, 1, new_tokens, total_tokens] |
+| sliding_attention_bias (optional) | in  | float32        | [batch, 1, new_tokens, total_tokens] |
+| seqlens_k                         | in  | int32          | [batch]  (= total_tokens - 1)        |
+| total_sequence_length             | in  | int32          | []       (= past + new)              |
+| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, kv_heads, slots, head_dim]   |
+| logits                            | out | float32        | [batch, new_tokens, vocab]           |
+| present.{i}.key / present.{i}.value | out | kv dtype     | [batch, kv_heads, slots, head_dim]   |
+
+``past.{i}.*`` and ``present.{i}.*`` are bound to the same buffer of ``slots = max_context +
+attention_scratch_rows``: slots [0, past) are read, the T new rows are written at slots
+[past, past + T) and the scratch rows after them (see ``ModelSpec.attention_scratch_rows``:
+inside the graph GroupQueryAttention runs T + 1 rows, the last a copy of row T - 1 that no
+real row sees, because onnxruntime's one-row kernel rounds differently from its multi-row
+one); nothing else is touched. The bias is
+0 where the boolean mask above is True and the float32 minimum elsewhere (a tree, hidden
+past slots, the sliding window); GroupQueryAttention also applies its own causal mask by
+slot, which every tree satisfies (parents come before children).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.contract.field_checks import (FieldError, anything, dimension, fail, int_in, is_int, mapping, one_of, optional, positive_int,
+                           record, relative_path, sha256_hex, shown, text, token_id, tuple_of)
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ROLES = ("target", "draft")
+TENSOR_DTYPES = ("bool", "int32", "int64", "float32", "float16", "bfloat16")  # numpy names the contract may use
+MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights and KV cache
+QUANTS = ("none", "int4", "int8", "int4-qdq")
+LOGITS_DTYPE = "float32"  # the runtime binds a float32 logits buffer
+# onnxruntime's element type strings (NodeArg.type) for the numpy names above
+ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
+             "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
+# graph form -> its KV layout: "split-bsnh" = past in [batch, past, kv_heads, head_dim], new rows out separately;
+# "shared-bnsh" = one [batch, kv_heads, max_context, head_dim] buffer per layer read and written in place
+KV_LAYOUTS = {"standard": "split-bsnh", "fused": "shared-bnsh"}
+
+
+class BundleError(ValueError):
+    """A bundle is missing, malformed, tampered with or incompatible."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: "int64", "float32", "float16", "bfloat16", "bool"
+    shape: tuple  # ints and symbolic dimension names
+
+    @staticmethod
+    def from_dict(data: dict) -> "TensorSpec":
+        try:
+            return TENSOR_SPEC(data, "tensor")
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+
+
+TENSOR_SPEC = record(TensorSpec, {"name": text, "dtype": one_of(TENSOR_DTYPES), "shape": tuple_of(dimension)})
+
+
+@dataclass(frozen=True)
+class KVNames:
+    past_key: str
+    past_value: str
+    new_key: str
+    new_value: str
+
+
+KV_NAMES = record(KVNames, {"past_key": text, "past_value": text, "new_key": text, "new_value": text})
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    role: str  # "target" | "draft"
+    architecture: str  # key of the exporter's architecture table
+    onnx_file: str  # relative to the bundle root
+    inputs: tuple  # of TensorSpec
+    outputs: tuple  # of TensorSpec
+    kv: tuple  # of KVNames, one per layer
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+    kv_dtype: str  # numpy dtype name of the cache
+    dtype: str  # "float32" | "float16" | "bfloat16"
+    quant: str  # "none" | "int4" | "int8" (MatMulNBits) | "int4-qdq" (DequantizeLinear + MatMul)
+    sliding_window: int | None  # window of the sliding layers, None if the model has none
+    bos_token_id: int | None
+    eos_token_ids: tuple  # of int
+    pad_token_id: int | None
+    # graph form: bundles written before these fields load as "standard"
+    graph: str = "standard"  # "standard" (portable ONNX, TensorRT's input) | "fused" (onnxruntime contrib ops)
+    kv_layout: str = "split-bsnh"  # see KV_LAYOUTS
+    # a draft with a pruned vocabulary (specdec.runners.vocab_map): bundle-relative .npy of the K token ids its
+    # logits score, ascending; None = logits over the whole vocabulary
+    vocab_subset: str | None = None
+    # fused form: GroupQueryAttention runs T + attention_scratch_rows rows (the extra rows repeat the last one), so a
+    # one-token pass takes onnxruntime's multi-row kernel like a verify pass and a row's numbers do not depend on T;
+    # their KV rows land in scratch slots after the new rows (the buffer has max_context + this many slots).
+    # 0 in bundles written before this field (their one-token passes round differently from verify passes).
+    attention_scratch_rows: int = 0
+
+    def __post_init__(self):
+        prefix = self.role if self.role in ROLES else "model"
+        try:
+            for name, check in MODEL_FIELDS.items():  # typed and range-checked, lists become tuples
+                if hasattr(self, name):
+                    object.__setattr__(self, name, check(getattr(self, name), f"{prefix}.{name}"))
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+        if self.graph != "fused" and self.attention_scratch_rows:
+            raise BundleError(f"manifest.json: {prefix}.attention_scratch_rows applies to the fused form only, "
+                              f"this graph is {self.graph!r}")
+        if KV_LAYOUTS.get(self.graph) != self.kv_layout:
+            raise BundleError(f"manifest.json: {prefix} graph form {self.graph!r} with KV layout {self.kv_layout!r} "
+                              f"is not one of {sorted(KV_LAYOUTS.items())}")
+        _check_geometry(self)
+
+    @property
+    def has_sliding_mask(self) -> bool:
+        return any(spec.name in ("sliding_attention_mask", "sliding_attention_bias") for spec in self.inputs)
+
+    @staticmethod
+    def from_dict(data: dict, where: str = "model") -> "ModelSpec":
+        try:
+            return ModelSpec._from_dict(data, where)
+        except FieldError as exc:
+            raise BundleError(str(exc)) from None
+
+    @staticmethod
+    def _from_dict(data: dict, where: str) -> "ModelSpec":
+        if not isinstance(data, dict):
+            fail(where, "an object", data)
+        known = {f.name for f in dataclasses.fields(ModelSpec)}
+        unknown = set(data) - known
+        if unknown:
+            raise BundleError(f"{where} has unknown fields {sorted(unknown)}")
+        required = [f.name for f in dataclasses.fields(ModelSpec)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise BundleError(f"{where}.{missing[0]} is missing")
+        checked = {name: MODEL_FIELDS.get(name, anything)(value, f"{where}.{name}") for name, value in data.items()}
+        if checked["role"] != where and where in ROLES:
+            raise BundleError(f"{where}.role is {shown(checked['role'])}: the {where} section must hold the {where}")
+        return ModelSpec(**checked)
+
+
+# One line per ModelSpec field (a new field needs a line here; tests/test_bundle_integrity.py checks it).
+MODEL_FIELDS = {
+    "role": one_of(ROLES),
+    "architecture": text,
+    "onnx_file": relative_path,
+    "inputs": tuple_of(TENSOR_SPEC),
+    "outputs": tuple_of(TENSOR_SPEC),
+    "kv": tuple_of(KV_NAMES),
+    "num_layers": positive_int,
+    "num_kv_heads": positive_int,
+    "head_dim": positive_int,
+    "hidden_size": positive_int,
+    "vocab_size": positive_int,
+    "max_positions": positive_int,
+    "kv_dtype": one_of(MODEL_DTYPES),
+    "dtype": one_of(MODEL_DTYPES),
+    "quant": one_of(QUANTS),
+    "sliding_window": optional(positive_int),
+    "bos_token_id": optional(token_id),
+    "eos_token_ids": tuple_of(token_id),
+    "pad_token_id": optional(token_id),
+    "graph": one_of(tuple(KV_LAYOUTS)),
+    "kv_layout": one_of(tuple(KV_LAYOUTS.values())),
+    "vocab_subset": optional(text),
+    "attention_scratch_rows": int_in(0, 1),
+}
+
+
+def _kv_dims(shape: tuple) -> tuple:
+    """The fixed (integer) dimensions of a KV tensor, in order: (kv_heads, head_dim) in any layout."""
+    return tuple(d for d in shape if isinstance(d, int))
+
+
+def _check_geometry(spec: "ModelSpec") -> None:
+    """The manifest agrees with itself: layer count, token ids, and the logits/KV tensors vs the sizes."""
+    role = spec.role
+    if len(spec.kv) != spec.num_layers:
+        raise BundleError(f"{role}.kv has {len(spec.kv)} name sets for num_layers {spec.num_layers}")
+    # bos may be fed to the model: it must have an embedding row. eos / pad ids outside the vocabulary are
+    # only never produced (tokenizers may define ids the embedding does not cover), so they are allowed.
+    if spec.bos_token_id is not None and spec.bos_token_id >= spec.vocab_size:
+        raise BundleError(f"{role}.bos_token_id {spec.bos_token_id} is not below vocab_size {spec.vocab_size}")
+    inputs = {t.name: t for t in spec.inputs}
+    outputs = {t.name: t for t in spec.outputs}
+    for names, where in ((inputs, "inputs"), (outputs, "outputs")):
+        if len(names) != len(getattr(spec, where)):
+            raise BundleError(f"{role}.{where} names a tensor twice")
+    logits = outputs.get("logits")
+    if logits is None:
+        raise BundleError(f"{role}.outputs has no logits tensor")
+    if logits.dtype != LOGITS_DTYPE:
+        raise BundleError(f"{role}.outputs logits has dtype {logits.dtype}; the runtime reads {LOGITS_DTYPE} logits")
+    width = logits.shape[-1] if logits.shape else None
+    if spec.vocab_subset is None and width != spec.vocab_size:
+        raise BundleError(f"{role}.vocab_size is {spec.vocab_size} but the logits tensor has shape {list(logits.shape)}")
+    if spec.vocab_subset is not None and not (isinstance(width, int) and 0 < width <= spec.vocab_size):
+        raise BundleError(f"{role}.vocab_subset scores a pruned vocabulary but the logits tensor has shape "
+                          f"{list(logits.shape)} (vocab_size {spec.vocab_size})")
+    for layer, names in enumerate(spec.kv):
+        for name, table, where in ((names.past_key, inputs, "inputs"), (names.past_value, inputs, "inputs"),
+                                   (names.new_key, outputs, "outputs"), (names.new_value, outputs, "outputs")):
+            tensor = table.get(name)
+            if tensor is None:
+                raise BundleError(f"{role}.kv[{layer}] names {name!r}, which {role}.{where} does not have")
+            if tensor.dtype != spec.kv_dtype:
+                raise BundleError(f"{role}.kv_dtype is {spec.kv_dtype} but {name} has dtype {tensor.dtype}")
+            if _kv_dims(tensor.shape) != (spec.num_kv_heads, spec.head_dim):
+                raise BundleError(f"{role}.num_kv_heads {spec.num_kv_heads} / head_dim {spec.head_dim} do not match "
+                                  f"{name} of shape {list(tensor.shape)}")
+
+
+def check_graph(spec: ModelSpec, graph_inputs, graph_outputs) -> None:
+    """The ONNX graph declares exactly the manifest's tensors: names, ranks, element types, fixed sizes.
+
+    ``graph_inputs`` / ``graph_outputs``: onnxruntime ``session.get_inputs()`` / ``get_outputs()``
+    (objects with ``name``, ``type``, ``shape``). Cheap: reads only the graph's declarations. A
+    dimension is compared only where both sides fix it (the graph may leave any one symbolic).
+    """
+    for kind, declared, actual in (("input", spec.inputs, graph_inputs), ("output", spec.outputs, graph_outputs)):
+        want = {t.name: t for t in declared}
+        have = {arg.name: arg for arg in actual}
+        if set(want) != set(have):
+            missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+            raise BundleError(f"{spec.role} ONNX {kind}s disagree with manifest.json (manifest-only: {missing[:3]}, "
+                              f"graph-only: {extra[:3]}): the bundle is corrupt")
+        for name, tensor in want.items():
+            arg = have[name]
+            if len(arg.shape) != len(tensor.shape):
+                raise BundleError(f"{spec.role} ONNX {kind}s disagree with manifest.json: {name} has rank "
+                                  f"{len(arg.shape)} in the graph, {len(tensor.shape)} in manifest.json")
+            if arg.type != ORT_TYPES.get(tensor.dtype):
+                raise BundleError(f"{spec.role} ONNX {kind} {name} is {arg.type} in the graph but {tensor.dtype} in "
+                                  "manifest.json: the bundle is corrupt")
+            for axis, (graph_dim, manifest_dim) in enumerate(zip(arg.shape, tensor.shape)):
+                if is_int(graph_dim) and is_int(manifest_dim) and graph_dim != manifest_dim:
+                    raise BundleError(f"{spec.role} ONNX {kind} {name} has size {graph_dim} on axis {axis} in the "
+                                      f"graph but {manifest_dim} in manifest.json: the bundle is corrupt")
+
+
+def format_version(value, where):
+    if not is_int(value) or value < 1:
+        fail(where, "a positive integer", value)
+    if value > FORMAT_VERSION:
+        raise BundleError(f"bundle format version {value} is newer than this specdec supports ({FORMAT_VERSION}): "
+                          "upgrade specdec")
+    return value
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    target: ModelSpec
+    draft: ModelSpec | None
+    tokenizer_file: str  # relative path of tokenizer.json
+    files: dict = field(default_factory=dict)  # relative path -> sha256 of every file in the bundle
+    tools: dict = field(default_factory=dict)  # tool name -> version that made the bundle
+    extra: dict = field(default_factory=dict)  # free notes (parity errors, export time); never read by the runtime
+    engines: dict = field(default_factory=dict)  # role -> TensorRT engine record (specdec.runners.tensorrt.records)
+
+    def __post_init__(self):
+        if self.draft is not None:  # acceptance compares the two distributions id by id
+            for key in ("vocab_size", "eos_token_ids"):
+                if getattr(self.draft, key) != getattr(self.target, key):
+                    raise BundleError(f"draft.{key} {shown(getattr(self.draft, key))} differs from target.{key} "
+                                      f"{shown(getattr(self.target, key))}: not a draft for this target")
+
+    def models(self) -> dict:
+        return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @staticmethod
+    def from_json(text: str) -> "Manifest":
+        """Parse and check every field; a problem is one BundleError line naming the field."""
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{MANIFEST_NAME} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict) or "format_version" not in data:
+            raise BundleError(f"{MANIFEST_NAME} has no format_version: not a specdec bundle")
+        try:
+            format_version(data["format_version"], "format_version")  # first: a newer bundle may differ in all else
+            unknown = sorted(set(data) - set(MANIFEST_FIELDS))
+            if unknown:
+                raise BundleError(f"unknown top-level fields {unknown}")
+            for name in ("target", "tokenizer_file"):
+                if name not in data:
+                    raise BundleError(f"{name} is missing")
+            return Manifest(**{name: MANIFEST_FIELDS[name](value, name) for name, value in data.items()})
+        except (BundleError, FieldError) as exc:
+            raise BundleError(f"{MANIFEST_NAME}: {exc}") from None
+
+    @staticmethod
+    def read(bundle_dir: str | Path) -> "Manifest":
+        path = Path(bundle_dir) / MANIFEST_NAME
+        if not Path(bundle_dir).is_dir():
+            raise BundleError(f"bundle folder {bundle_dir} does not exist")
+        if not path.is_file():
+            raise BundleError(f"{path} is missing: not a specdec bundle (export one with specdec-export)")
+        try:
+            return Manifest.from_json(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise BundleError(f"{MANIFEST_NAME} is not valid UTF-8 text: {exc}") from None
+
+
+# One line per Manifest field.
+MANIFEST_FIELDS = {
+    "format_version": format_version,
+    "target": lambda value, where: ModelSpec.from_dict(value, where),
+    "draft": optional(lambda value, where: ModelSpec.from_dict(value, where)),
+    "tokenizer_file": relative_path,
+    "files": mapping(relative_path, sha256_hex),
+    "tools": mapping(text, anything),
+    "extra": mapping(text, anything),
+    "engines": mapping(one_of(ROLES), mapping(text, anything)),
+}
+
+
+def kv_names(num_layers: int) -> tuple:
+    return tuple(
+        KVNames(f"past.{i}.key", f"past.{i}.value", f"new.{i}.key", f"new.{i}.value") for i in range(num_layers)
+    )
+
+
+def graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, kv_dtype: str, sliding: bool):
+    """The (inputs, outputs) TensorSpecs of the graph contract in the module docstring."""
+    mask_shape = ("batch", "new_tokens", "total_tokens")
+    inputs = [
+        TensorSpec("input_ids", "int64", ("batch", "new_tokens")),
+        TensorSpec("position_ids", "int64", ("batch", "new_tokens")),
+        TensorSpec("attention_mask", "bool", mask_shape),
+    ]
+    if sliding:
+        inputs.append(TensorSpec("sliding_attention_mask", "bool", mask_shape))
+    outputs = [TensorSpec("logits", "float32", ("batch", "new_tokens", vocab_size))]
+    for names in kv_names(num_layers):
+        for name in (names.past_key, names.past_value):
+            inputs.append(TensorSpec(name, kv_dtype, ("batch", "past_tokens", num_kv_heads, head_dim)))
+        for name in (names.new_key, names.new_value):
+            outputs.append(TensorSpec(name, kv_dtype, ("batch", "new_tokens", num_kv_heads, head_dim)))
+    return tuple(inputs), tuple(outputs)
+
+
+def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, kv_dtype: str, sliding: bool):
+    """The (inputs, outputs) TensorSpecs of the fused form's contract (module docstring)."""
+    bias_shape = ("batch", 1, "new_tokens", "total_tokens")
+    cache_shape = ("batch", num_kv_heads, "max_context", head_dim)
+    inputs = [
+        TensorSpec("input_ids", "int64", ("batch", "new_tokens")),
+        TensorSpec("position_ids", "int64", ("batch", "new_tokens")),
+        TensorSpec("attention_bias", "float32", bias_shape),
+    ]
+    if sliding:
+        inputs.append(TensorSpec("sliding_attention_bias", "float32", bias_shape))
+    inputs += [TensorSpec("seqlens_k", "int32", ("batch",)), TensorSpec("total_sequence_length", "int32", ())]
+    outputs = [TensorSpec("logits", "float32", ("batch", "new_tokens", vocab_size))]
+    for names in fused_kv_names(num_layers):
+        inputs += [TensorSpec(names.past_key, kv_dtype, cache_shape), TensorSpec(names.past_value, kv_dtype, cache_shape)]
+        outputs += [TensorSpec(names.new_key, kv_dtype, cache_shape), TensorSpec(names.new_value, kv_dtype, cache_shape)]
+    return tuple(inputs), tuple(outputs)
+
+
+def fused_kv_names(num_layers: int) -> tuple:
+    """Fused form: ``new_*`` name the present outputs, bound to the same buffer as ``past_*``."""
+    return tuple(
+        KVNames(f"past.{i}.key", f"past.{i}.value", f"present.{i}.key", f"present.{i}.value") for i in range(num_layers)
+    )

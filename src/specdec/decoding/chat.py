@@ -1,0 +1,239 @@
+"""Chat: render a bundle's chat template into a prompt, and end a reply at the end-of-turn token.
+
+Scope: the template the exporter copied from the source tokenizer (``tokenizer/chat_template.jinja``,
+``tokenizer/chat_templates/*.jinja`` or ``chat_template`` in ``tokenizer_config.json``), rendered
+the way transformers' ``apply_chat_template`` renders it: jinja2's ImmutableSandboxedEnvironment
+with trim_blocks/lstrip_blocks and loop controls, the ``raise_exception`` / ``strftime_now``
+globals, a ``tojson`` that does not HTML-escape, the tokenizer's special tokens (``bos_token``,
+``eos_token`` ...) as variables, and the rendered text encoded without adding special tokens
+(the template writes them). Boundary: text in, token ids out; generation is the decoder's
+(``chat`` / ``stream_chat`` only call ``generate`` / ``stream``). Templates are untrusted code:
+only the sandbox runs them, and only a template file the manifest hashes is read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+
+from specdec.contract.bundle import inside
+
+TEMPLATE_FILE = "chat_template.jinja"
+TEMPLATES_DIR = "chat_templates"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_PROBE = "\u2063specdec-end-of-turn-probe\u2063"  # an assistant reply no template alters
+
+
+class ChatTemplateError(ValueError):
+    """A bundle without a chat template, a template that fails to render, or malformed messages."""
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str  # the jinja text
+    origin: str  # bundle-relative file it came from
+    special_tokens: dict  # bos_token, eos_token ... -> text, passed to the template as transformers does
+
+
+def load_chat_template(bundle_dir, manifest, name: str = "default") -> ChatTemplate | None:
+    """The bundle's chat template (``name`` selects one of several), or None when the bundle has none."""
+    root = Path(bundle_dir)
+    folder = PurePosixPath(manifest.tokenizer_file).parent
+    config = _read_config(root, manifest, folder)
+    special = {key: _token_text(config[key]) for key in SPECIAL_TOKEN_NAMES if _token_text(config.get(key))}
+    candidates = [folder / TEMPLATE_FILE] if name == "default" else []
+    candidates.append(folder / TEMPLATES_DIR / f"{name}.jinja")
+    for relative in map(str, candidates):
+        if relative in manifest.files:  # only files the manifest hashes (open_bundle checked them)
+            return ChatTemplate(inside(root, relative).read_text(encoding="utf-8"), relative, special)
+    embedded = config.get("chat_template")
+    if isinstance(embedded, list):  # [{"name": ..., "template": ...}, ...]
+        embedded = {entry.get("name"): entry.get("template") for entry in embedded if isinstance(entry, dict)}
+    if isinstance(embedded, dict):
+        embedded = embedded.get(name)
+    if isinstance(embedded, str) and embedded:
+        return ChatTemplate(embedded, str(folder / CONFIG_FILE), special)
+    return None
+
+
+def _read_config(root: Path, manifest, folder: PurePosixPath) -> dict:
+    relative = str(folder / CONFIG_FILE)
+    if relative not in manifest.files:
+        return {}
+    try:
+        config = json.loads(inside(root, relative).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ChatTemplateError(f"{relative} is not readable JSON: {exc}") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):  # a serialized AddedToken
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _jinja():
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+    except ImportError:
+        raise ChatTemplateError("chat needs jinja2: pip install 'specdec[chat]'") from None
+    return jinja2
+
+
+@lru_cache(maxsize=16)
+def _compiled(source: str):
+    jinja2 = _jinja()
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja's own tojson HTML-escapes; chat templates expect plain JSON (as transformers renders them)
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[jinja2.ext.loopcontrols])
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    try:
+        return environment.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"the chat template does not parse (line {exc.lineno}): {exc.message}") from None
+
+
+def normalize_messages(messages) -> list[dict]:
+    """Plain-JSON copies of ``messages``: each a dict with a string ``role`` and text ``content``.
+
+    OpenAI-style content parts (``[{"type": "text", "text": ...}]``) are joined into one string (chat
+    templates of text models read ``message.content`` as a string); keys whose value is None are dropped.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ChatTemplateError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} dicts")
+    normalized = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ChatTemplateError(f"messages[{index}] must be a dict with role and content, got {type(message).__name__}")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise ChatTemplateError(f"messages[{index}].role must be a non-empty string")
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise ChatTemplateError(f"messages[{index}].content: only text parts are supported "
+                                            "({\"type\": \"text\", \"text\": ...})")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is not None and not isinstance(content, str):
+            raise ChatTemplateError(f"messages[{index}].content must be a string or a list of text parts")
+        clean = {key: value for key, value in message.items() if value is not None and key != "content"}
+        if content is not None:
+            clean["content"] = content
+        normalized.append(json.loads(json.dumps(clean)))  # plain JSON only: nothing with methods reaches the sandbox
+    return normalized
+
+
+def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: bool = True, **variables) -> str:
+    """The prompt text for ``messages``, ending with the assistant header when ``add_generation_prompt``."""
+    jinja2 = _jinja()
+
+    if isinstance(template, str):
+        template = ChatTemplate(template, "<string>", {})
+    try:
+        context = {**template.special_tokens, **json.loads(json.dumps(variables))}
+    except (TypeError, ValueError):
+        raise ChatTemplateError("template variables must be plain JSON values (str, number, bool, list, dict)") from None
+    try:
+        return _compiled(template.source).render(messages=normalize_messages(messages), tools=None, documents=None,
+                                                 add_generation_prompt=add_generation_prompt, **context)
+    except jinja2.exceptions.TemplateError as exc:
+        raise ChatTemplateError(f"the chat template refused these messages: {exc}") from None
+
+
+def end_of_turn_ids(template: ChatTemplate | str, tokenizer) -> tuple:
+    """Ids of the special tokens that end an assistant turn: the first token the template writes after an
+    assistant message (``<|im_end|>``, ``<|eot_id|>``, ``<end_of_turn>`` ...) and the tokenizer config's eos."""
+    if isinstance(template, str):
+        template = ChatTemplate(template, "<string>", {})
+    # control tokens are added tokens (a GGUF-converted tokenizer may not flag every one of them special)
+    special = {token.content: index for index, token in tokenizer.get_added_tokens_decoder().items()}
+    found = []
+    probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = render_chat(template, probe, add_generation_prompt=False)
+    except ChatTemplateError:
+        text = ""
+    if _PROBE in text:
+        after = text.split(_PROBE, 1)[1]
+        for index in tokenizer.encode(after, add_special_tokens=False).ids if after else []:
+            if tokenizer.id_to_token(index) in special:  # the first control token after the reply
+                found.append(index)
+                break
+            if tokenizer.decode([index], skip_special_tokens=False).strip():  # text before it: not a turn end
+                break
+    eos = template.special_tokens.get("eos_token")
+    if eos in special:
+        found.append(special[eos])
+    return tuple(dict.fromkeys(found))
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    text: str
+    ids: list  # the rendered text encoded without added special tokens (the template writes them)
+    stop_token_ids: tuple  # end-of-turn ids
+
+
+def chat_template_of(decoder) -> ChatTemplate:
+    """The decoder's bundle template; ChatTemplateError in one line when the bundle has none."""
+    key = (str(decoder.bundle_dir), tuple(sorted(decoder.manifest.files.items())))
+    if key not in _TEMPLATES:  # forks share the bundle: render setup is read once per bundle
+        _TEMPLATES[key] = load_chat_template(decoder.bundle_dir, decoder.manifest)
+    template = _TEMPLATES[key]
+    if template is None:
+        raise ChatTemplateError(
+            f"bundle {decoder.bundle_dir} has no chat template (the source tokenizer had none): "
+            "use generate with a plain prompt"
+        )
+    return template
+
+
+_TEMPLATES: dict = {}
+
+
+def chat_prompt(decoder, messages, add_generation_prompt: bool = True, **variables) -> ChatPrompt:
+    """Render ``messages`` with the decoder's bundle template and encode it."""
+    template = chat_template_of(decoder)
+    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, **variables)
+    tokenizer = decoder.codec.tokenizer
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return ChatPrompt(text, ids, end_of_turn_ids(template, tokenizer))
+
+
+def chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None, **options):
+    """``decoder.generate`` on the rendered conversation, stopping at the end of the assistant's turn.
+
+    ``options`` are generate's (max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)."""
+    prompt = chat_prompt(decoder, messages, **(template_variables or {}))
+    return decoder.generate(prompt.ids, stop_token_ids=tuple(prompt.stop_token_ids) + tuple(stop_token_ids), **options)
+
+
+def stream_chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None,
+                **options) -> Iterator[str]:
+    """``decoder.stream`` on the rendered conversation (text pieces), stopping at the end of the turn."""
+    prompt = chat_prompt(decoder, messages, **(template_variables or {}))
+    return decoder.stream(prompt.ids, stop_token_ids=tuple(prompt.stop_token_ids) + tuple(stop_token_ids), **options)

@@ -1,0 +1,272 @@
+"""The decoder: load a bundle, serve ``generate`` / ``stream`` requests through the speculative loop.
+
+This module owns what outlives a request (the runners and their caches, the tokenizer, the
+measured pass costs) and the loop that drives one request:
+
+    request  = make_request(...)                       validated options (runtime/request.py)
+    state    = RequestState(request, ...)              the sequence, randomness, text, stats
+    plan     = ProposalPlan(request, costs)            where proposals come from (runtime/proposers.py)
+    rule     = TokenRule(sampling, acceptance, ...)    how rows become tokens (runtime/rules.py)
+    prefill; then per round:
+        proposal = plan.propose(...)
+        round    = chain_round(...) | tree_round(...)  one target pass (runtime/rounds.py)
+        piece    = state.commit(round.tokens)          EOS / stop ids / stop strings / budget
+
+Every pass goes through a ``TimedRunner`` (runtime/timing.py) that feeds the stats and the plan.
+``generate`` is ``stream`` collected: the same tokens and the same text by construction.
+``num_draft_tokens=0`` runs plain target-only decoding through the same code: the baseline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from specdec.contract.bundle import default_hash_cache, inside, open_bundle
+from specdec.decoding.cost_model import Costs, calibrate
+from specdec.runners.fused import make_runner
+from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
+from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, GenerationError, GenerationResult,  # noqa: F401
+                      GenerationStats, Limits, Request, RequestState, make_request)
+from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, tree_round
+from specdec.decoding.rules import TokenRule
+import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
+from specdec.runners.runner import RUNNER_BACKENDS
+from specdec.decoding.text import TextCodec
+from specdec.runners.timing import TimedRunner
+from specdec.runners.vocab_map import load_kept_ids
+
+DEFAULT_MAX_CONTEXT = 2048
+
+
+class SpeculativeDecoder:
+    """Load a bundle once; ``generate`` / ``stream`` many requests (one at a time per decoder; ``fork`` for more)."""
+
+    def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None):
+        self.bundle_dir = bundle_dir
+        self.manifest = manifest
+        self.target = target
+        self.draft = draft
+        self.codec = codec
+        self.eos_ids = frozenset(manifest.target.eos_token_ids)
+        self.max_context = target.max_context
+        self.limits = Limits(manifest.target.vocab_size, self.max_context, draft is not None)
+        self._busy = threading.Lock()
+        self._costs = costs
+
+    @classmethod
+    def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
+             verify: bool = True) -> "SpeculativeDecoder":
+        """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
+
+        ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
+        """
+        root = Path(bundle_dir)
+        manifest = open_bundle(root, verify=verify, hash_cache=default_hash_cache())
+        if max_context is None:
+            max_context = min(DEFAULT_MAX_CONTEXT, manifest.target.max_positions)
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or not (
+                2 <= max_context <= manifest.target.max_positions):
+            raise ValueError(f"max_context must be an integer in 2..{manifest.target.max_positions} "
+                             f"(the target's max positions), got {max_context!r}")
+        step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
+        _check_memory(root, manifest, max_context, step_tokens, provider)
+        if provider in RUNNER_BACKENDS:
+            runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
+        else:
+            # the draft's session first: on the 2-core CPU measured, sessions created later ran 2-3% faster
+            # whatever their graph (README, session 5), and the target runs most of the passes
+            runners = {
+                role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads,
+                                  kept_ids=load_kept_ids(root, spec))
+                for role, spec in reversed(manifest.models().items())
+            }
+        codec = TextCodec(inside(root, manifest.tokenizer_file))
+        return cls(root, manifest, runners["target"], runners.get("draft"), codec)
+
+    def fork(self) -> "SpeculativeDecoder":
+        """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
+        measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
+        return SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
+                                  self.draft.fork() if self.draft is not None else None, self.codec, self._costs)
+
+    def costs(self) -> Costs:
+        """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
+        with self._exclusive():
+            return self._measured_costs()
+
+    def _measured_costs(self) -> Costs:
+        if self._costs is None:
+            self._costs = calibrate(self.target, self.draft, max_tokens=AUTO_MAX_DRAFT_TOKENS + 1)
+        return self._costs
+
+    # ----------------------------------------------------------------- public API
+    def generate(self, prompt, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=0,
+                 stop=(), proposer=None, tree=None, stop_token_ids=(), acceptance: str = "coupled") -> GenerationResult:
+        """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
+
+        num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
+        the running acceptance; falls back to plain decoding when speculation would lose) or 0 (target only).
+        proposer: "draft" (the draft model), "lookup" (n-gram prompt lookup, no draft model needed) or
+        "hybrid" (lookup when the text repeats, the draft model otherwise; with "auto", whichever promises
+        more tokens per second). Default: "hybrid", or "lookup" for a bundle without a draft.
+        tree: None (a chain of drafts), branching factors per depth such as "4,2,2,1" or (2, 2, 1), or "auto"
+        (a dynamic tree grown from the draft's confidence within a node budget); verified in one target pass.
+        seed: with sampling, the output is the target's own seeded sample: the same tokens in every mode.
+        acceptance: "coupled" (default: seeded, schedule-independent) or "rejection" (modified rejection sampling).
+        stop: stop strings (the text ends before the first one); stop_token_ids: ids that end like EOS.
+        """
+        stats = GenerationStats()
+        pieces = self.stream(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
+                             stats=stats, stop_token_ids=stop_token_ids, acceptance=acceptance)
+        text = "".join(pieces)
+        return GenerationResult(text=text, token_ids=pieces.output, stats=stats, finish_reason=pieces.finish)
+
+    def stream(self, prompt, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=0,
+               stop=(), proposer=None, tree=None, stats: GenerationStats | None = None, stop_token_ids=(),
+               acceptance: str = "coupled") -> "TextStream":
+        """Text pieces as rounds complete; the same tokens and text as ``generate`` with the same arguments.
+
+        Arguments are validated now (a bad one raises here, not at the first ``next``). After the
+        stream is exhausted, ``.output`` holds the token ids and ``.finish`` the finish reason;
+        ``.close()`` stops the request between rounds (a client that went away)."""
+        request = make_request(self.codec, self.limits, prompt, max_new_tokens, sampling, num_draft_tokens, seed,
+                               stop, proposer, tree, stop_token_ids, acceptance)
+        if stats is not None and not isinstance(stats, GenerationStats):
+            raise GenerationError(f"stats must be a GenerationStats, got {type(stats).__name__}")
+        state = RequestState(request, self.codec, self.eos_ids, self.limits.vocab_size,
+                             stats=stats if stats is not None else GenerationStats())
+        return TextStream(self._pieces(state), state)
+
+    def validate(self, prompt, **options) -> Request:
+        """The checks ``generate`` makes on its arguments, without generating (a one-line GenerationError)."""
+        return make_request(self.codec, self.limits, prompt, **options)
+
+    def chat(self, messages, **options) -> GenerationResult:
+        """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token."""
+        from specdec.decoding.chat import chat
+
+        return chat(self, messages, **options)
+
+    def stream_chat(self, messages, **options) -> "TextStream":
+        """``stream`` on the bundle's chat template around ``messages``."""
+        from specdec.decoding.chat import stream_chat
+
+        return stream_chat(self, messages, **options)
+
+    # ----------------------------------------------------------------- the loop
+    def _exclusive(self):
+        decoder = self
+
+        class _Guard:
+            def __enter__(self):
+                if not decoder._busy.acquire(blocking=False):
+                    raise RuntimeError(
+                        "this SpeculativeDecoder is already generating in another thread: "
+                        "use one decoder per thread (decoder.fork() shares the loaded weights)"
+                    )
+
+            def __exit__(self, *exc):
+                decoder._busy.release()
+
+        return _Guard()
+
+    def _pieces(self, state: RequestState) -> Iterator[str]:
+        with self._exclusive():
+            request, stats = state.request, state.stats
+            uses_draft = plan_uses_draft(request, self.draft is not None)
+            costs = self._measured_costs() if plan_needs_costs(request, self.draft is not None) else None
+            plan = ProposalPlan(request, self.draft is not None, self.max_context, costs)
+            rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng)
+
+            def on_pass(role: str, tokens: int, seconds: float) -> None:
+                if role == "target":
+                    stats.verify_seconds += seconds
+                    stats.target_forwards += 1
+                else:
+                    stats.draft_seconds += seconds
+                    stats.draft_forwards += 1
+                plan.observe_pass(role, tokens, seconds)
+
+            target = TimedRunner(self.target, "target", on_pass)
+            draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
+            started = time.perf_counter()
+            for runner in filter(None, (target, draft)):
+                runner.reset()
+                catch_up(runner, state.tokens)
+            stats.prefill_seconds = time.perf_counter() - started
+            stats.verify_seconds = stats.draft_seconds = 0.0
+            started = time.perf_counter()
+            while not state.finish:
+                played = self._one_round(target, draft, state, rule, plan)
+                plan.observe(played.source, played.proposed, played.accepted)
+                stats.rounds += 1
+                stats.proposed += played.proposed
+                stats.accepted += played.accepted
+                stats.rejected_rounds += played.accepted < played.proposed
+                stats.lookup_rounds += played.source == "lookup"
+                piece = state.commit(played.tokens)
+                stats.decode_seconds = time.perf_counter() - started
+                if piece:
+                    yield piece
+            tail = state.text.finish()
+            if tail:
+                yield tail
+
+    def _one_round(self, target, draft, state: RequestState, rule: TokenRule, plan: ProposalPlan) -> Round:
+        request = state.request
+        budget = state.budget
+        if request.tree is not None and budget > 0:
+            played, nodes = tree_round(target, draft, state, rule, request.tree, budget)
+            state.stats.tree_nodes += nodes
+            return played
+        lag = len(state.tokens) - draft.length if draft is not None else 0
+        return chain_round(target, draft, state, rule, plan.propose(state.tokens, budget, lag))
+
+
+class TextStream:
+    """The iterator ``stream`` returns: text pieces; then ``output`` (token ids) and ``finish`` (reason)."""
+
+    def __init__(self, pieces: Iterator[str], state: RequestState):
+        self._pieces = pieces
+        self._state = state
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        """Stop the request now (between rounds); the decoder is free for the next one."""
+        self._pieces.close()
+
+    @property
+    def output(self) -> list:
+        return self._state.output
+
+    @property
+    def finish(self) -> str:
+        return self._state.finish or "length"
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._state.stats
+
+
+def _check_memory(root: Path, manifest, max_context: int, step_tokens: int, provider: str) -> None:
+    """Refuse, before allocating, a load that cannot fit (host RAM, or the GPU's free memory)."""
+    from specdec.runners.memory import available_host_memory, budget, check_fits
+
+    available = available_host_memory()
+    if provider in ("cuda", "tensorrt", "tensorrt-native"):
+        try:
+            from specdec.runners.cuda_memory import free_device_memory
+
+            available = free_device_memory()
+        except (ValueError, RuntimeError):
+            pass  # no cuda-python: the provider check reports what is missing
+    if available is not None:
+        check_fits(budget(root, manifest, max_context, step_tokens), manifest, available, max_context)

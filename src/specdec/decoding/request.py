@@ -1,0 +1,276 @@
+"""One request: its validated options (``Request``) and its state while it runs (``RequestState``).
+
+``make_request`` turns the public API's arguments into a frozen ``Request`` or raises a
+one-line ``GenerationError`` naming the argument. ``RequestState`` owns everything that
+changes while the request runs: the sequence, the ids the repetition penalty sees, the
+randomness (the seed's per-position noise, or an RNG for ``acceptance="rejection"``), the text
+and its stop strings, the statistics. ``commit`` applies a round's tokens: EOS and stop ids,
+stop strings, the token budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdec.contract.limits import AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_SEED, MAX_TREE_NODES  # noqa: F401
+from specdec.sampling.coupling import PositionNoise
+from specdec.sampling.processors import SamplingConfig
+from specdec.decoding.text import StopStrings, TextCodec
+from specdec.decoding.tree import AUTO_TREE_BUDGET, parse_tree, tree_size
+
+PROPOSERS = ("draft", "lookup", "hybrid")
+ACCEPTANCE_RULES = ("coupled", "rejection")
+
+
+class GenerationError(ValueError):
+    """A request that cannot be served as given (bad argument, prompt too long, ...)."""
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    rejected_rounds: int = 0  # rounds that proposed tokens and rejected one (the per-token estimator's count)
+    lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
+    tree_nodes: int = 0  # draft tree nodes verified (tree mode)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    decode_seconds: float = 0.0  # wall time of the decode loop (after prefill)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def token_acceptance(self) -> float:
+        """Per-token acceptance of the geometric model (maximum likelihood): accepted / (accepted + rejections)."""
+        total = self.accepted + self.rejected_rounds
+        return self.accepted / total if total else 0.0
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        """Draft tokens accepted per target verify pass (each round also emits one target token)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def host_seconds(self) -> float:
+        """Decode-loop time outside the model runs: sampling, acceptance, bookkeeping."""
+        return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode speed: new tokens per second of the decode loop (prefill excluded)."""
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        names = ("acceptance_rate", "token_acceptance", "mean_accepted_per_round", "host_seconds", "tokens_per_s")
+        return {**self.__dict__, **{name: getattr(self, name) for name in names}}
+
+    def summary(self) -> str:
+        return (
+            f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s decode, "
+            f"acceptance {self.acceptance_rate:.2f} ({self.accepted}/{self.proposed}), "
+            f"{self.mean_accepted_per_round:.2f} accepted/round, target passes {self.target_forwards}, "
+            f"draft passes {self.draft_forwards}, time draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s "
+            f"host {self.host_seconds:.2f}s prefill {self.prefill_seconds:.2f}s"
+        )
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list  # new tokens only; includes EOS (or the stop token / the token completing a stop string)
+    stats: GenerationStats
+    finish_reason: str  # "eos" | "length" | "stop"
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple
+    max_new_tokens: int
+    sampling: SamplingConfig
+    num_draft_tokens: int | str  # or "auto"
+    seed: int | None
+    stop: tuple = ()
+    proposer: str = "draft"
+    tree: tuple | str | None = None  # branching factors per depth, "auto", or None (a chain)
+    stop_token_ids: frozenset = frozenset()  # e.g. a chat template's end-of-turn token: ends like EOS
+    acceptance: str = "coupled"  # how sampled proposals are verified (see runtime/coupling.py)
+
+    @property
+    def auto(self) -> bool:
+        return self.num_draft_tokens == "auto"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the loaded decoder can serve: checked against every request."""
+    vocab_size: int
+    max_context: int
+    has_draft: bool
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _prompt_ids(prompt, codec: TextCodec, vocab: int) -> tuple:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise GenerationError("prompt is empty: give some text or token ids")
+        ids = codec.encode(prompt)
+    elif isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):
+            raise GenerationError(f"prompt token ids must be a 1-D integer array, got shape {prompt.shape} {prompt.dtype}")
+        ids = [int(t) for t in prompt]
+    elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        if not all(_is_int(t) for t in prompt):
+            bad = next(t for t in prompt if not _is_int(t))
+            raise GenerationError(f"prompt token ids must be integers, got {bad!r}")
+        ids = [int(t) for t in prompt]
+    else:
+        raise GenerationError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
+    if not ids:
+        raise GenerationError("prompt is empty: give some text or token ids")
+    if any(t < 0 or t >= vocab for t in ids):
+        raise GenerationError(f"prompt token ids must be in 0..{vocab - 1}")
+    return tuple(ids)
+
+
+def _stops(stop) -> tuple:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)  # a bare string is one stop string, not its characters
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
+        raise GenerationError(f"stop must be a string or a list of strings, got {stop!r}")
+    if any(not s for s in stop):
+        raise GenerationError("stop strings must be non-empty")
+    return tuple(dict.fromkeys(stop))
+
+
+def make_request(codec: TextCodec, limits: Limits, prompt, max_new_tokens=128, sampling=None,
+                 num_draft_tokens="auto", seed=0, stop=(), proposer=None, tree=None, stop_token_ids=(),
+                 acceptance="coupled") -> Request:
+    """Validate the public arguments (each error names its argument) into a ``Request``."""
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    sampling = SamplingConfig() if sampling is None else sampling
+    if not isinstance(sampling, SamplingConfig):
+        raise GenerationError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed <= MAX_SEED):
+        raise GenerationError(f"seed must be None or an integer in 0..2**63-1, got {seed!r}")
+    if acceptance not in ACCEPTANCE_RULES:
+        raise GenerationError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {acceptance!r}")
+    if num_draft_tokens != "auto" and (not _is_int(num_draft_tokens) or not 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS):
+        raise GenerationError(
+            f"num_draft_tokens must be \"auto\" or an integer in 0..{MAX_DRAFT_TOKENS}, got {num_draft_tokens!r}")
+    longest = AUTO_MAX_DRAFT_TOKENS if num_draft_tokens == "auto" else int(num_draft_tokens)
+    if proposer is not None and proposer not in PROPOSERS:
+        raise GenerationError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
+    if tree is not None and not isinstance(tree, (str, Sequence)):
+        raise GenerationError(f"tree must be \"auto\", a shape like \"2,2,1\" or a list of branching factors, got {tree!r}")
+    try:
+        tree = parse_tree(tree)
+    except (ValueError, TypeError) as exc:
+        raise GenerationError(str(exc).splitlines()[0]) from None
+    if proposer is None:
+        proposer = "draft" if tree is not None else ("hybrid" if limits.has_draft else "lookup")
+    if tree is not None:
+        if num_draft_tokens == 0:
+            raise GenerationError("tree needs speculation: num_draft_tokens=0 means target-only decoding")
+        if not limits.has_draft or proposer != "draft":
+            raise GenerationError("tree drafting needs a draft model and proposer=\"draft\"")
+        nodes = AUTO_TREE_BUDGET if tree == "auto" else tree_size(tree)
+        if nodes > MAX_TREE_NODES:
+            raise GenerationError(f"tree of {nodes} nodes exceeds the {MAX_TREE_NODES} nodes one pass may verify")
+        longest = max(longest, nodes)
+    if proposer in ("draft", "hybrid") and not limits.has_draft and num_draft_tokens != 0:
+        raise GenerationError("this bundle has no draft model: use proposer=\"lookup\" or num_draft_tokens=0")
+    stops = _stops(stop)
+    if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (Sequence, set, frozenset)):
+        raise GenerationError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
+    if not all(_is_int(t) and 0 <= t < limits.vocab_size for t in stop_token_ids):
+        raise GenerationError(f"stop_token_ids must be integers in 0..{limits.vocab_size - 1}")
+    prompt_ids = _prompt_ids(prompt, codec, limits.vocab_size)
+    needed = len(prompt_ids) + max_new_tokens + longest + 1
+    if needed > limits.max_context:
+        raise GenerationError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) + draft tokens "
+            f"({longest}) + 1 = {needed} exceeds max_context {limits.max_context}: "
+            "shorten the prompt, lower max_new_tokens, or load with a larger max_context"
+        )
+    return Request(prompt_ids, int(max_new_tokens), sampling, num_draft_tokens, None if seed is None else int(seed),
+                   stops, proposer, tree, frozenset(int(t) for t in stop_token_ids), acceptance)
+
+
+@dataclass
+class RequestState:
+    """Everything that changes while one request runs. ``tokens`` = prompt + committed output."""
+
+    request: Request
+    codec: TextCodec
+    eos_ids: frozenset
+    vocab_size: int
+    tokens: list = field(default_factory=list)
+    seen: set = field(default_factory=set)  # unique ids in the sequence (the repetition penalty's context)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    finish: str = ""  # "" while running, then "eos" | "stop" | "length"
+
+    def __post_init__(self):
+        request = self.request
+        self.tokens = list(request.prompt_ids)
+        self.seen = set(self.tokens)
+        self.stats.prompt_tokens = len(self.tokens)
+        seed = request.seed if request.seed is not None else int(np.random.SeedSequence().entropy % (MAX_SEED + 1))
+        self.noise = PositionNoise(seed, self.vocab_size)  # coupled sampling: noise per absolute position
+        self.rng = np.random.default_rng(seed)  # acceptance="rejection": draws in the order the rounds make them
+        self.text = StopStrings(self.codec, request.stop)
+
+    @property
+    def produced(self) -> int:
+        return len(self.tokens) - len(self.request.prompt_ids)
+
+    @property
+    def budget(self) -> int:
+        """Proposals this round may make: the round's own target token needs one of the remaining slots."""
+        return self.request.max_new_tokens - self.produced - 1
+
+    @property
+    def output(self) -> list:
+        return self.tokens[len(self.request.prompt_ids):]
+
+    def context(self, candidates=()) -> np.ndarray:
+        """[N] unique ids a position sees for the repetition penalty: the sequence plus earlier candidates."""
+        if self.request.sampling.repetition_penalty == 1.0:
+            return _EMPTY
+        return np.fromiter(self.seen.union(candidates), dtype=np.int64)
+
+    def commit(self, new_tokens: list) -> str:
+        """Append a round's tokens, cut at EOS / a stop id / a stop string / the budget; returns the final text piece."""
+        stops = self.request.stop_token_ids
+        for token in new_tokens:
+            self.tokens.append(token)
+            self.seen.add(token)
+            if token in self.eos_ids or token in stops:
+                self.finish = "eos" if token in self.eos_ids else "stop"
+            elif self.text.push(token):
+                self.finish = "stop"
+            elif self.produced >= self.request.max_new_tokens:
+                self.finish = "length"
+            if self.finish:
+                break
+        self.stats.new_tokens = self.produced
+        return self.text.take()
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)

@@ -1,0 +1,334 @@
+"""Export a draft and a target into one bundle folder, atomically.
+
+Layout of a bundle::
+
+    manifest.json          the I/O contract and sha256 of every file (specdec.contract.manifest)
+    tokenizer/             tokenizer.json (+ tokenizer_config.json with the chat template)
+    target/model.onnx      + model.onnx.data (external weights)
+    draft/model.onnx       + model.onnx.data
+
+Everything is written into a hidden staging folder beside the destination
+(``.OUT.partial-PID``) and swapped into place only when complete, so an interrupted or failed
+export never leaves a half bundle under the destination name and never touches an existing
+bundle until the new one is whole (which ``--out`` may be replaced, cleanup after killed exports
+and the swap: destination.py). Everything that can be checked without a model (sources, weights
+files' headers, tokenizers, draft/target compatibility, the parity text) is checked before any
+export starts; each model is then exported in a worker process (worker.py). Every failure is a
+ValueError subclass with a one-line message.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specdec.contract.bundle import sha256_file
+from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
+
+from specdec.export.compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
+from specdec.export.destination import check_destination, remove_dead_staging, swap_into_place
+from specdec.export.quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, quantize_onnx
+from specdec.export.sources import DTYPES, ModelSource, SourceError, load_configs, load_model, load_tokenizer, resolve_source
+from specdec.export.worker import ExportError, one_line, run_isolated
+
+PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
+PARITY_EXTRA = " if n < 2: return n"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    target: str
+    draft: str | None
+    out: Path
+    dtype: str = "float32"
+    quant: str = "none"
+    parity: bool = True
+    # MatMulNBits accuracy_level: 4 = int8 activations (the fast CPU kernels; a verify pass over
+    # 5 tokens then costs ~1.5x one token instead of ~2.6x with 0 = float32 compute)
+    accuracy_level: int | None = 4
+    block_size: int = BLOCK_SIZE  # weights per quantization scale, target
+    draft_block_size: int = DRAFT_BLOCK_SIZE  # and draft (coarser: a faster draft at the same acceptance)
+    # graph form: "fused" (onnxruntime's GroupQueryAttention, in-place KV) | "standard" (portable, TensorRT's
+    # input) | "auto" = fused whenever the fused form can hold the export (float32, MatMulNBits or no
+    # quantization), standard otherwise (float16/bfloat16, int4-qdq: TensorRT's forms).
+    graph: str = "auto"
+    # store one table for the token embedding and the lm_head: the lm_head's. For checkpoints whose original is
+    # tied but which carry two quantized copies (the Qwen2.5-Coder GGUFs: output.weight Q6_K, token_embd Q4_K), so
+    # that the int4 bundle stores the table once (tie_model_embeddings; the parity reference is the tied model).
+    tie_embeddings: bool = False
+
+    def __post_init__(self):
+        if self.graph not in ("auto", "fused", "standard"):
+            raise ValueError(f"--graph {self.graph!r} is not one of auto, fused, standard")
+        fused_ok = self.dtype == "float32" and self.quant != "int4-qdq"
+        if self.graph == "fused" and not fused_ok:
+            raise ValueError("--graph fused needs --dtype float32 and a --quant other than int4-qdq "
+                             "(onnxruntime's CPU GroupQueryAttention; int4-qdq is TensorRT's form): use --graph standard")
+        if self.graph == "auto":
+            object.__setattr__(self, "graph", "fused" if fused_ok else "standard")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.quant not in QUANTS:
+            raise ValueError(f"--quant {self.quant!r} is not one of {', '.join(QUANTS)}")
+        if self.quant in ("int4", "int8") and self.dtype != "float32":
+            raise ValueError(f"--quant {self.quant} (MatMulNBits) applies to a float32 export: use --dtype float32")
+        if self.quant == "int4-qdq" and self.dtype not in ("float32", "float16"):
+            raise ValueError("--quant int4-qdq applies to a float32 or float16 export")
+        if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
+        for flag, size in (("--block-size", self.block_size), ("--draft-block-size", self.draft_block_size)):
+            if size not in BLOCK_SIZES:
+                raise ValueError(f"{flag} {size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
+
+    def block_size_for(self, role: str) -> int:
+        return self.draft_block_size if role == "draft" else self.block_size
+
+
+def tie_model_embeddings(model) -> str:
+    """Make the token embedding read the lm_head's table (one Parameter), in place; returns what was done.
+    Raises ExportError if the two tables differ in shape or the model has no separate lm_head."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None:
+        raise ExportError("--tie-embeddings needs a bias-free lm_head")
+    if head.weight is embedding.weight:
+        return "embeddings already tied"
+    if tuple(head.weight.shape) != tuple(embedding.weight.shape):
+        raise ExportError(f"--tie-embeddings: the lm_head table {tuple(head.weight.shape)} and the embedding "
+                          f"{tuple(embedding.weight.shape)} differ in shape")
+    import torch
+
+    with torch.no_grad():
+        drift = float((embedding.weight.float() - head.weight.float()).abs().max())
+    embedding.weight = head.weight
+    model.config.tie_word_embeddings = True
+    return f"embedding tied to the lm_head's table (max abs difference of the two tables was {drift:.3g})"
+
+
+def rss_gib() -> tuple[float, float]:
+    """(current, peak) resident memory of this process in GiB, from /proc (0 where unknown)."""
+    values = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    values[line.split(":")[0]] = int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+
+class Progress:
+    """Timestamped progress lines on stderr, with this process's memory (current / peak GiB)."""
+
+    def __init__(self, stream=None):
+        self.start = time.monotonic()
+        self.stream = stream
+
+    def __call__(self, message: str) -> None:
+        rss, peak = rss_gib()
+        print(f"[{time.monotonic() - self.start:7.1f}s {rss:5.1f}/{peak:4.1f} GiB] {message}",
+              file=self.stream or sys.stderr, flush=True)
+
+
+def hash_tree(root: Path) -> dict:
+    return {
+        str(path.relative_to(root).as_posix()): sha256_file(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+
+
+def tool_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("specdec", "torch", "transformers", "onnx", "onnxscript", "onnxruntime", "gguf"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def _write_failure(exc: OSError, where: Path) -> str:
+    """One line for a failed write, naming the path and the free space (numpy's errors name neither)."""
+    try:
+        free = f"{shutil.disk_usage(where if where.exists() else where.parent).free / 1e6:.0f} MB free there"
+    except OSError:
+        free = "free space unknown"
+    path = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    reason = exc.strerror or " ".join(str(exc).split())
+    full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return f"writing the export under {where.absolute()} failed{full}: {reason}{path}; {free}"
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    """Load, export and check the float graph (run in a worker process). Returns what quantization needs."""
+    from specdec.export.onnx_export import ONNX_NAME, export_model
+    from specdec.export.parity import check_parity, reference_outputs
+
+    progress(f"{role}: loading {source.label} ({options.dtype})")
+    try:
+        model = load_model(source, options.dtype)
+    except (SourceError, MemoryError):
+        raise
+    except Exception as exc:  # a truncated / corrupt weights file: safetensors, gguf and torch each raise their own
+        raise SourceError(f"cannot load the {role} model from {source.label}: {one_line(exc)}") from None
+    if options.tie_embeddings:
+        progress(f"{role}: {tie_model_embeddings(model)}")
+    special = special_token_ids(model, tokenizer)
+    prompt, extra = _encode(tokenizer, PARITY_PROMPT), _encode(tokenizer, PARITY_EXTRA)
+    extra = (extra * 5)[:5]
+    references = None
+    if options.parity:
+        progress(f"{role}: PyTorch reference outputs for the parity check")
+        references = reference_outputs(model, prompt, extra)
+    float_dir = staging / (role if options.quant == "none" else f".{role}-float")
+    progress(f"{role}: exporting ONNX ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters)")
+    try:
+        spec = export_model(model, role, float_dir, special, options.dtype, options.graph)  # consumes the model
+    except OSError as exc:
+        raise ExportError(f"{role}: {_write_failure(exc, float_dir)}") from None
+    del model
+    gc.collect()
+    parity = {}
+    if references is not None and options.dtype == "float32":
+        progress(f"{role}: parity check of the float graph (prefill, decode, chain verify, tree)")
+        parity["float"] = check_parity(references, float_dir / ONNX_NAME, spec, prompt, extra)
+    elif references is not None:
+        parity["float"] = "skipped: onnxruntime's CPU kernels do not cover every float16/bfloat16 op this graph uses"
+    return spec, parity, references, prompt, extra, float_dir
+
+
+def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    """Export one model: the float graph in a worker process, then (after it has exited) quantization."""
+    from specdec.export.onnx_export import ONNX_NAME
+    from specdec.export.parity import check_parity
+
+    spec, parity, references, prompt, extra, float_dir = run_isolated(
+        _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
+    )
+    if options.quant != "none":
+        block = options.block_size_for(role)
+        progress(f"{role}: quantizing weights to {options.quant} (block {block})")
+        quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level,
+                      block_size=block)
+        shutil.rmtree(float_dir)
+        spec = replace(spec, quant=options.quant)
+        if references is not None:
+            progress(f"{role}: parity check of the {options.quant} graph (error includes quantization)")
+            parity[options.quant] = check_parity(references, staging / role / ONNX_NAME, spec, prompt, extra)
+    return spec, parity
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def _for_worker(progress):
+    """The progress reporter a worker process can use (callers' closures cannot cross processes)."""
+    return progress if isinstance(progress, Progress) else _silent
+
+
+def _check_parity_text(role: str, tokenizer) -> None:
+    for text in (PARITY_PROMPT, PARITY_EXTRA):
+        if not _encode(tokenizer, text):
+            raise ExportError(f"the {role} tokenizer encodes the parity text {text!r} to no token ids: "
+                              "the export cannot be checked; fix the tokenizer or pass --no-parity")
+
+
+def export_bundle(options: ExportOptions, progress=None) -> Manifest:
+    """Export ``options.target`` (and ``options.draft``) into ``options.out``; returns the manifest written.
+
+    Raises a ValueError subclass (SourceError, IncompatiblePair, ExportError) with one line on any
+    failure; ``options.out`` is then exactly as it was.
+    """
+    progress = progress or Progress()
+    started = time.monotonic()
+    out = Path(options.out)
+    check_destination(out)
+    target_source = resolve_source(options.target)
+    draft_source = resolve_source(options.draft) if options.draft else None
+    progress("loading tokenizers")
+    tokenizers = {"target": load_tokenizer(target_source)}
+    if draft_source is not None:
+        tokenizers["draft"] = load_tokenizer(draft_source)
+        check_tokenizers(tokenizers["target"], tokenizers["draft"])
+        # vocabulary and special tokens from the configs: a mismatch costs seconds here, not two exports
+        check_pair_facts(pair_facts(*load_configs(target_source), tokenizers["target"]),
+                         pair_facts(*load_configs(draft_source), tokenizers["draft"]))
+    if options.parity:
+        for role, tokenizer in tokenizers.items():
+            _check_parity_text(role, tokenizer)
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"cannot create the folder for --out {out}: {one_line(exc)}") from None
+    remove_dead_staging(out, progress)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir()
+        specs, parity = {}, {}
+        if draft_source is not None:
+            specs["draft"], parity["draft"] = _export_one("draft", draft_source, tokenizers["draft"], options,
+                                                          staging, progress)
+        specs["target"], parity["target"] = _export_one("target", target_source, tokenizers["target"], options,
+                                                        staging, progress)
+        if draft_source is not None:
+            check_specs(specs["target"], specs["draft"])
+        if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):
+            progress("the source tokenizer has no chat template: the bundle generates but cannot chat")
+        progress("hashing files")
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            target=specs["target"],
+            draft=specs.get("draft"),
+            tokenizer_file="tokenizer/tokenizer.json",
+            files=hash_tree(staging),
+            tools=tool_versions(),
+            extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),
+                   **({"quant_block_size": {role: options.block_size_for(role) for role in specs}}
+                      if options.quant != "none" else {}),
+                   **({"tied_embeddings": "lm_head"} if options.tie_embeddings else {})},
+        )
+        (staging / MANIFEST_NAME).write_text(manifest.to_json())
+        swap_into_place(staging, out)
+    except OSError as exc:
+        raise ExportError(_write_failure(exc, staging)) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def save_tokenizer(tokenizer, folder: Path) -> bool:
+    """Write the runtime's tokenizer files into ``folder``, with the chat template when the source has one.
+
+    Hugging Face folders and GGUF files alike: transformers' GGUF loader puts the file's
+    ``tokenizer.chat_template`` into the tokenizer. transformers writes it as ``chat_template.jinja``
+    (or ``chat_templates/`` for several); an older writer that drops it gets it written here.
+    Returns whether the bundle can chat."""
+    tokenizer.save_pretrained(str(folder))
+    template = getattr(tokenizer, "chat_template", None)
+    config = folder / "tokenizer_config.json"
+    written = (folder / "chat_template.jinja").is_file() or (folder / "chat_templates").is_dir() or (
+        config.is_file() and "chat_template" in json.loads(config.read_text(encoding="utf-8")))
+    if isinstance(template, str) and template and not written:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    elif isinstance(template, dict) and template and not written:
+        (folder / "chat_templates").mkdir()
+        for name, text in template.items():
+            (folder / "chat_templates" / f"{name}.jinja").write_text(text, encoding="utf-8")
+    return bool(template)

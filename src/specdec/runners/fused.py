@@ -1,0 +1,134 @@
+"""One fused-form model (GroupQueryAttention on a shared KV buffer): session, cache, IO binding.
+
+The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, max_context + scratch, head_dim]``
+allocated once; layer l's keys are the contiguous block ``cache[l, 0]``, bound as both the
+graph's ``past.{l}.key`` input and its ``present.{l}.key`` output. onnxruntime's kernel reads
+slots [0, length) and writes the T new rows at slots [length, length + T) in place (and the
+graph's scratch rows after them, never committed); no other slot is touched and nothing
+past-sized is allocated or copied per pass. The KV bindings are made once; a pass only rebinds
+the small per-pass inputs (ids, positions, bias, lengths).
+``commit``/``truncate`` move ``length`` (rollback is a smaller length: rejected rows are
+overwritten by the next pass); ``keep_path`` compacts a tree's accepted path (``_move_kv``).
+
+``make_runner`` picks this runner for fused-form bundles and ``ModelRunner`` otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.contract.manifest import BundleError, ModelSpec
+from specdec.runners.standard import ModelRunner, attach_session, providers_for
+from specdec.runners.runner import Runner
+
+# The additive bias where the boolean mask says "may not attend" (Hugging Face's masked value).
+_BLOCKED = np.finfo(np.float32).min
+
+
+def make_runner(onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
+                threads: int | None = None, kept_ids=None):
+    """The runner for ``spec``'s graph form: FusedRunner for "fused", ModelRunner for "standard".
+    ``kept_ids``: a pruned draft's vocabulary (runtime/vocab_map.py)."""
+    runner = FusedRunner if spec.graph == "fused" else ModelRunner
+    return runner(onnx_path, spec, provider, max_context, max_step_tokens, threads, kept_ids=kept_ids)
+
+
+def check_fused_provider(spec: ModelSpec, provider: str) -> None:
+    """The fused form runs on onnxruntime's CPU provider only (this runner's host-side shared cache)."""
+    if provider in ("tensorrt", "tensorrt-native"):
+        raise BundleError(f"the {spec.role} graph is the fused onnxruntime form (GroupQueryAttention), which TensorRT "
+                          "cannot run: export the bundle with --graph standard for TensorRT")
+    providers_for(provider)  # an unknown provider or a missing package is reported as for the standard form
+    if provider != "cpu":
+        raise BundleError(f"the {spec.role} graph is the fused form, which specdec runs on provider cpu only: "
+                          f"export with --graph standard for provider {provider}")
+
+
+class FusedRunner(Runner):
+    """The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared ``Runner``;
+    this class converts the mask to GroupQueryAttention's additive bias, binds and runs."""
+
+    def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
+                 threads: int | None = None, session=None, kept_ids=None):
+        if spec.graph != "fused":
+            raise BundleError(f"{spec.role}: FusedRunner needs a fused-form graph, this one is {spec.graph!r}")
+        check_fused_provider(spec, provider)
+        if spec.kv_dtype != "float32":
+            raise BundleError(f"{spec.role}: the fused form's CPU attention needs a float32 KV cache, not {spec.kv_dtype}")
+        if max_context > spec.max_positions:
+            raise ValueError(f"max_context {max_context} exceeds the model's {spec.max_positions} positions")
+        self._init_book(spec, max_context, max_step_tokens, kept_ids)
+        attach_session(self, onnx_path, provider, threads, session)
+        # max_context slots plus the graph's scratch slots (ModelSpec.attention_scratch_rows), written after the new rows
+        slots = max_context + spec.attention_scratch_rows
+        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, slots, spec.head_dim), np.float32)
+        self._ids = np.zeros(max_step_tokens, dtype=np.int64)
+        self._positions = np.zeros(max_step_tokens, dtype=np.int64)
+        self._bias = np.zeros(max_step_tokens * max_context, dtype=np.float32)
+        self._sliding_bias = np.zeros_like(self._bias) if spec.has_sliding_mask else None
+        self._seqlens = np.zeros(1, dtype=np.int32)
+        self._total = np.zeros((), dtype=np.int32)
+        self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
+        self._binding = self.session.io_binding()
+        cache_shape = [1, spec.num_kv_heads, slots, spec.head_dim]
+        for layer, names in enumerate(spec.kv):  # bound once: the same buffer is the past and the present
+            for kind, (past, present) in enumerate(((names.past_key, names.new_key),
+                                                    (names.past_value, names.new_value))):
+                block = self.cache[layer, kind]
+                self._binding.bind_input(past, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
+                self._binding.bind_output(present, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
+        _bind(self._binding.bind_input, "seqlens_k", self._seqlens)
+        _bind(self._binding.bind_input, "total_sequence_length", self._total)
+
+    def fork(self) -> "FusedRunner":
+        """A runner on the same onnxruntime session with its own cache, buffers and IO binding."""
+        return FusedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+                           kept_ids=self.kept_ids)
+
+    # ------------------------------------------------------------ backend hooks
+    def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
+        """One pass: ids/positions [T], boolean mask/sliding [T, past + T]; returns logits [T, V]."""
+        count = len(ids)
+        if past == 0 and count > 1 and np.any(positions != positions[0] + np.arange(count)):
+            # With an empty past, onnxruntime's kernel takes the positions to be first, first + 1, ... (a
+            # prompt): a tree at slot 0 runs its root alone, then the rest with the root as a one-slot past.
+            self._execute(ids[:1], positions[:1], mask[:1, :1], None if sliding is None else sliding[:1, :1], 0, 0)
+            self._execute(ids[1:], positions[1:], mask[1:], None if sliding is None else sliding[1:], 1, 1)
+        else:
+            self._execute(ids, positions, mask, sliding, past, 0)
+        return self._logits[: count * self.logits_width].reshape(count, self.logits_width)
+
+    def _execute(self, ids, positions, mask, sliding, past, first_row) -> None:
+        count = len(ids)
+        total = past + count
+        self._ids[:count] = ids
+        self._positions[:count] = positions
+        bias = self._bias[: count * total].reshape(1, 1, count, total)
+        np.multiply(~mask, _BLOCKED, out=bias[0, 0])
+        self._seqlens[0] = total - 1
+        self._total[...] = total
+        vocab = self.logits_width
+        logits = self._logits[first_row * vocab : (first_row + count) * vocab].reshape(1, count, vocab)
+        binding = self._binding
+        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
+        _bind(binding.bind_input, "attention_bias", bias)
+        if sliding is not None:
+            sliding_bias = self._sliding_bias[: count * total].reshape(1, 1, count, total)
+            np.multiply(~sliding, _BLOCKED, out=sliding_bias[0, 0])
+            _bind(binding.bind_input, "sliding_attention_bias", sliding_bias)
+        _bind(binding.bind_output, "logits", logits)
+        self.session.run_with_iobinding(binding)
+
+    def _move_kv(self, sources, first_slot: int) -> None:
+        count = len(sources)
+        if first_slot < 0 or first_slot + count > self.max_context or sources.max() >= self.max_context:
+            raise ValueError(f"move_rows: slots out of range (first_slot {first_slot}, sources up to {sources.max()})")
+        # fancy indexing copies the source rows first, so overlapping moves are safe
+        self.cache[:, :, :, :, first_slot : first_slot + count] = self.cache[:, :, :, :, sources]
+
+
+def _bind(bind, name: str, array: np.ndarray) -> None:
+    """Bind a contiguous numpy array by pointer: onnxruntime reads or writes it in place."""
+    assert array.flags.c_contiguous, name
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

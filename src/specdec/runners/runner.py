@@ -1,0 +1,132 @@
+"""The runner protocol: one model's passes over new tokens, and its KV cache's bookkeeping.
+
+Every backend (onnxruntime host or device cache, native TensorRT, onnxruntime's fused graph)
+subclasses ``Runner`` and implements two things: ``_run`` (bind and execute one pass whose new
+KV rows land in slots [length, length + T)) and ``_move_kv`` (copy cache rows between slots).
+Everything else a cache needs lives here, once:
+
+  length           valid slots; slot j holds the keys/values of one committed (or candidate) token
+  slot_positions   [max_context] int64: the position each slot was written at (trees reuse positions)
+  commit(n)        keep the first n rows the last pass wrote
+  truncate(n)      keep the first n slots (rejected drafts are dropped by moving a length)
+  keep_path(s, f)  tree compaction: slots ``s`` (ascending) move to f, f + 1, ...; the rest is dropped
+  masks            the boolean attention mask of a pass (and its sliding-window twin)
+
+No caller writes ``length`` or ``slot_positions``: the decoder, the cost model and tests go
+through these methods.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.contract.manifest import ModelSpec
+from specdec.runners.masks import ancestor_matrix, chain_parents, fill_masks
+from specdec.runners.vocab_map import expand_logits_into
+
+
+# Backends outside the runtime register here (``specdec.runners.tensorrt`` registers "tensorrt-native" when the
+# package is imported): provider name -> factory(bundle_root, manifest, max_context) -> {role: Runner}.
+# The runtime never imports the engines package: this table is the only link.
+RUNNER_BACKENDS: dict = {}
+
+
+class Runner:
+    """Base of every backend's runner. Subclasses set up the session and cache, then call ``_init_book``."""
+
+    spec: ModelSpec
+    max_context: int
+    max_step_tokens: int
+
+    def _init_book(self, spec: ModelSpec, max_context: int, max_step_tokens: int, kept_ids=None) -> None:
+        """``kept_ids``: [K] ascending ids a pruned-vocabulary graph scores (runtime/vocab_map.py); the runner
+        returns full-vocabulary logits with -inf elsewhere, so every caller sees [T, vocab_size]."""
+        self.spec = spec
+        self.kept_ids = kept_ids
+        self.logits_width = spec.vocab_size if kept_ids is None else len(kept_ids)
+        self._full_logits = None if kept_ids is None else np.empty((max_step_tokens, spec.vocab_size), np.float32)
+        self.max_context = max_context
+        self.max_step_tokens = max_step_tokens
+        self.length = 0
+        self.slot_positions = np.zeros(max_context, dtype=np.int64)
+        self.forward_count = 0
+        self._mask = np.zeros(max_step_tokens * max_context, dtype=bool)
+        self._sliding = np.zeros_like(self._mask) if spec.has_sliding_mask else None
+
+    # ------------------------------------------------------------ backend hooks
+    def _run(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, sliding: np.ndarray | None,
+             past: int) -> np.ndarray:
+        """Execute one pass: ids/positions [T], mask/sliding [T, past + T]; returns logits [T, logits_width]."""
+        raise NotImplementedError
+
+    def _move_kv(self, sources: np.ndarray, first_slot: int) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ the protocol
+    def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
+        """Run T new tokens after the valid past; returns logits [T, V] (valid until the next call).
+
+        tokens, positions: [T] ints. parents: [T] tree parents (-1 = the past); None = a chain.
+        visible_past: [T, length] bool, which past slots each new token sees (draft trees); None = all.
+        New KV rows land in slots [length, length + T); ``commit`` keeps some of them.
+        """
+        count, past = len(tokens), self.length
+        if count < 1:
+            raise ValueError("a pass needs at least one token")
+        if count > self.max_step_tokens:
+            raise ValueError(f"{count} tokens in one pass exceed this runner's {self.max_step_tokens}")
+        if past + count > self.max_context:
+            raise ValueError(f"context of {past + count} tokens exceeds max_context {self.max_context}")
+        ids = np.asarray(tokens, dtype=np.int64)
+        pos = np.asarray(positions, dtype=np.int64)
+        total = past + count
+        mask = self._mask[: count * total].reshape(count, total)
+        sliding = None if self._sliding is None else self._sliding[: count * total].reshape(count, total)
+        visible = ancestor_matrix(np.asarray(parents)) if parents is not None else _chain_visibility(count)
+        fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, self.spec.sliding_window,
+                   visible_past)
+        logits = self._run(ids, pos, mask, sliding, past)
+        if self.kept_ids is not None:  # a pruned draft: its distribution is exactly zero outside the kept ids
+            logits = expand_logits_into(logits, self.kept_ids, self._full_logits[:count])
+        self.slot_positions[past:total] = pos
+        self.forward_count += 1
+        return logits
+
+    def commit(self, count: int) -> None:
+        """Keep the first ``count`` rows written by the last forward."""
+        if not 0 <= self.length + count <= self.max_context:
+            raise ValueError(f"cannot commit {count} rows at length {self.length}")
+        self.length += count
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` slots: rejected rows are overwritten by the next pass."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} slots to {length}")
+        self.length = length
+
+    def keep_path(self, sources, first_slot: int) -> None:
+        """Tree compaction: slots ``sources`` (ascending, >= first_slot) move to first_slot, first_slot + 1, ...;
+        the cache then ends after them."""
+        sources = np.asarray(sources, dtype=np.int64)
+        if len(sources) and (sources[0] < first_slot or np.any(np.diff(sources) <= 0)):
+            raise ValueError("keep_path needs ascending source slots at or after first_slot")
+        if len(sources):
+            self._move_kv(sources, first_slot)
+            self.slot_positions[first_slot : first_slot + len(sources)] = self.slot_positions[sources]
+        self.length = first_slot + len(sources)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def fork(self) -> "Runner":
+        """A runner on the same weights with its own cache (for concurrent requests)."""
+        raise ValueError(f"{type(self).__name__} cannot be forked: serve one request at a time on this backend")
+
+
+_CHAIN_CACHE: dict = {}
+
+
+def _chain_visibility(count: int) -> np.ndarray:
+    if count not in _CHAIN_CACHE:
+        _CHAIN_CACHE[count] = ancestor_matrix(chain_parents(count))
+    return _CHAIN_CACHE[count]

@@ -1,0 +1,163 @@
+"""One exported model: an onnxruntime session, its preallocated KV cache, and IO binding.
+
+The cache is one array ``[layers, 2 (key, value), batch=1, max_context, kv_heads, head_dim]``
+allocated once. Slot j holds the keys/values of one token; ``length`` slots are valid.
+A forward pass over T new tokens binds ``cache[l, :, :, :length]`` as the past (read in
+place) and ``cache[l, :, :, length:length+T]`` as the output for the new rows, so the
+graph writes them straight into the cache: nothing is concatenated or copied on the host.
+The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared
+``Runner`` base (runtime/runner.py); this module binds and runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.runners.kv_store import DeviceKV, HostKV
+from specdec.contract.manifest import BundleError, ModelSpec
+from specdec.runners.runner import Runner
+
+# The CUDA arena grows only by what is requested (no power-of-two jumps): on Jetson's unified memory
+# the default strategy can take memory the CPU side needs.
+_CUDA = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": [_CUDA, "CPUExecutionProvider"],
+    "tensorrt": [("TensorrtExecutionProvider", {"trt_max_workspace_size": 1 << 30}), _CUDA, "CPUExecutionProvider"],
+}
+_NUMPY_KV = {"float32": np.float32, "float16": np.float16}
+
+
+def providers_for(provider: str) -> list:
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider {provider!r} is not one of {', '.join(PROVIDERS)}, tensorrt-native")
+    wanted = PROVIDERS[provider][0]
+    wanted = wanted[0] if isinstance(wanted, tuple) else wanted
+    if wanted not in ort.get_available_providers():
+        package = "onnxruntime-gpu" if provider in ("cuda", "tensorrt") else "onnxruntime"
+        raise ValueError(
+            f"provider {provider} requested but onnxruntime has no {wanted}: install {package}"
+            + (" (and TensorRT)" if provider == "tensorrt" else "")
+        )
+    return PROVIDERS[provider]
+
+
+_GLOBAL_POOL: dict = {}
+
+
+def session_options(threads: int | None = None):
+    """SessionOptions on the process-wide shared thread pool (every session of the process must use it).
+
+    Draft and target run alternately, never at once. With a thread pool per session, the idle
+    session's workers keep spinning while the other one runs and the two fight over the cores
+    (measured on 2 cores: each pass about 35% slower than alone, which erased the speculative
+    gain). One shared pool serves whichever session runs. If the onnxruntime environment was
+    created before specdec could set the pool up, sessions get their own pools that sleep
+    instead of spinning between runs.
+    """
+    import onnxruntime as ort
+    from onnxruntime.capi import _pybind_state
+
+    if not _GLOBAL_POOL:
+        try:
+            _pybind_state.set_global_thread_pool_sizes(threads or 0, 1)  # 0 = one thread per physical core
+            _GLOBAL_POOL["ok"] = True
+        except Exception:  # the environment already exists (another library made a session first)
+            _GLOBAL_POOL["ok"] = False
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if _GLOBAL_POOL["ok"]:
+        options.use_per_session_threads = False
+    else:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if threads:
+            options.intra_op_num_threads = threads
+    return options
+
+
+def _session(onnx_path: str, providers: list, threads: int | None):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(onnx_path, session_options(threads), providers=providers)
+
+
+class ModelRunner(Runner):
+    """The standard-form graph on an onnxruntime provider, IO-bound into a preallocated cache."""
+
+    def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
+                 threads: int | None = None, session=None, kept_ids=None):
+        if spec.kv_dtype not in _NUMPY_KV:
+            raise BundleError(f"{spec.role}: KV dtype {spec.kv_dtype} has no numpy buffer on this runtime (use float32/float16)")
+        self._init_book(spec, max_context, max_step_tokens, kept_ids)
+        attach_session(self, onnx_path, provider, threads, session)
+        kv_dtype = _NUMPY_KV[spec.kv_dtype]
+        self.kv_dtype = np.dtype(kv_dtype)
+        # CUDA / TensorRT execution providers keep the cache on the device; only logits come back
+        store = DeviceKV if provider in ("cuda", "tensorrt") else HostKV
+        self.kv = store(spec.num_layers, max_context, spec.num_kv_heads, spec.head_dim, kv_dtype)
+        self.cache = getattr(self.kv, "array", None)  # the host array (HostKV), for inspection
+        self._ids = np.zeros(max_step_tokens, dtype=np.int64)
+        self._positions = np.zeros(max_step_tokens, dtype=np.int64)
+        self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
+        self._binding = self.session.io_binding()
+
+    def _check_contract(self) -> None:
+        """The graph's inputs and outputs must be exactly the manifest's (names, ranks, element types, sizes)."""
+        from specdec.contract.manifest import check_graph
+
+        check_graph(self.spec, self.session.get_inputs(), self.session.get_outputs())
+
+    def fork(self) -> "ModelRunner":
+        """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
+        buffers and IO binding: one per concurrent request. onnxruntime's ``run`` is thread-safe."""
+        return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+                           kept_ids=self.kept_ids)
+
+    def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
+        spec = self.spec
+        count = len(ids)
+        total = past + count
+        self._ids[:count] = ids
+        self._positions[:count] = positions
+        logits = self._logits[: count * self.logits_width].reshape(1, count, self.logits_width)
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
+        _bind(binding.bind_input, "attention_mask", mask.reshape(1, count, total))
+        if sliding is not None:
+            _bind(binding.bind_input, "sliding_attention_mask", sliding.reshape(1, count, total))
+        _bind(binding.bind_output, "logits", logits)
+        kv, device, dtype = self.kv, self.kv.device_type, self.kv_dtype
+        past_shape = [1, past, spec.num_kv_heads, spec.head_dim]
+        new_shape = [1, count, spec.num_kv_heads, spec.head_dim]
+        for layer, names in enumerate(spec.kv):
+            binding.bind_input(names.past_key, device, 0, dtype, past_shape, kv.pointer(layer, 0, 0))
+            binding.bind_input(names.past_value, device, 0, dtype, past_shape, kv.pointer(layer, 1, 0))
+            binding.bind_output(names.new_key, device, 0, dtype, new_shape, kv.pointer(layer, 0, past))
+            binding.bind_output(names.new_value, device, 0, dtype, new_shape, kv.pointer(layer, 1, past))
+        self.session.run_with_iobinding(binding)
+        return logits[0]
+
+    def _move_kv(self, sources, first_slot: int) -> None:
+        self.kv.move_rows(sources, first_slot)
+
+
+def attach_session(runner, onnx_path: str, provider: str, threads: int | None, session) -> None:
+    """Give ``runner`` its onnxruntime session: ``session`` when forking (weights loaded once), else a new one
+    whose inputs/outputs are checked against the manifest."""
+    runner.provider = provider
+    runner.session = session
+    if session is None:
+        runner.session = _session(onnx_path, providers_for(provider), threads)
+        ModelRunner._check_contract(runner)
+
+
+def _bind(bind, name: str, array: np.ndarray) -> None:
+    """Bind a contiguous numpy view by pointer: onnxruntime reads or writes it in place."""
+    assert array.flags.c_contiguous, name
+    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

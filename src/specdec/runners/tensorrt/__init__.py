@@ -1,0 +1,12 @@
+"""NVIDIA backends: TensorRT engines built from a bundle's ONNX, device-resident KV caches, memory budgets.
+
+Everything that can be checked without a GPU (profiles, engine records, refusal of unknown
+or mismatched engines, backend selection, memory budgets) is pure Python and tested on CPU.
+The GPU paths import ``tensorrt`` and ``cuda`` (cuda-python) lazily and only run on a machine
+that has them (``tools/gpu_check.py``).
+"""
+
+from specdec.runners.runner import RUNNER_BACKENDS
+from specdec.runners.tensorrt.runner import tensorrt_runners
+
+RUNNER_BACKENDS["tensorrt-native"] = tensorrt_runners  # SpeculativeDecoder.load(provider="tensorrt-native")

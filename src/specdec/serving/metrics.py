@@ -1,0 +1,65 @@
+"""Counters and gauges of the server, rendered in the Prometheus text format (0.0.4).
+
+Written by hand (a dozen lines of text) rather than with prometheus_client: no extra dependency.
+"""
+
+from __future__ import annotations
+
+from specdec.decoding.request import GenerationStats
+
+from specdec.serving.pool import DecoderPool
+
+
+class Metrics:
+    """Counters for /metrics (Prometheus text format 0.0.4); updated on the event loop thread only."""
+
+    def __init__(self):
+        self.requests: dict = {}  # (route, status) -> count
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.decode_seconds = 0.0
+        self.proposed = 0
+        self.accepted = 0
+        self.disconnects = 0
+        self.last_tokens_per_second = 0.0
+
+    def count_request(self, route: str, status: int) -> None:
+        self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
+
+    def add(self, stats: GenerationStats) -> None:
+        self.prompt_tokens += stats.prompt_tokens
+        self.completion_tokens += stats.new_tokens
+        self.decode_seconds += stats.decode_seconds
+        self.proposed += stats.proposed
+        self.accepted += stats.accepted
+        self.last_tokens_per_second = stats.tokens_per_s
+
+    def render(self, pool: DecoderPool) -> str:
+        lines = []
+
+        def metric(name, kind, help_text, samples):
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+
+        metric("specdec_requests_total", "counter", "HTTP requests by route and status code",
+               [(f'{{route="{route}",status="{status}"}}', count)
+                for (route, status), count in sorted(self.requests.items())] or [("", 0)])
+        metric("specdec_prompt_tokens_total", "counter", "prompt tokens of finished generations",
+               [("", self.prompt_tokens)])
+        metric("specdec_completion_tokens_total", "counter", "generated tokens", [("", self.completion_tokens)])
+        metric("specdec_decode_seconds_total", "counter", "time in decode loops (prefill excluded)",
+               [("", round(self.decode_seconds, 6))])
+        metric("specdec_decode_tokens_per_second", "gauge", "generated tokens per decode second, all requests",
+               [("", round(self.completion_tokens / self.decode_seconds, 3) if self.decode_seconds else 0.0)])
+        metric("specdec_last_decode_tokens_per_second", "gauge", "decode speed of the latest finished request",
+               [("", round(self.last_tokens_per_second, 3))])
+        metric("specdec_draft_tokens_proposed_total", "counter", "draft tokens proposed", [("", self.proposed)])
+        metric("specdec_draft_tokens_accepted_total", "counter", "draft tokens accepted", [("", self.accepted)])
+        metric("specdec_acceptance_rate", "gauge", "accepted / proposed draft tokens, all requests",
+               [("", round(self.accepted / self.proposed, 6) if self.proposed else 0.0)])
+        metric("specdec_queue_depth", "gauge", "requests waiting for a worker", [("", pool.waiting)])
+        metric("specdec_workers_busy", "gauge", "workers generating", [("", pool.busy)])
+        metric("specdec_workers", "gauge", "worker count (one KV cache each)", [("", pool.options.workers)])
+        metric("specdec_cancelled_total", "counter", "generations cancelled (client gone or shutdown)",
+               [("", pool.cancelled_jobs)])
+        return "\n".join(lines) + "\n"

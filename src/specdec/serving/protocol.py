@@ -1,0 +1,151 @@
+"""The OpenAI wire format of the server: request models, OpenAI-shaped errors.
+
+Requests are pydantic models in strict mode that forbid unknown fields: a wrong type, an
+out-of-range value or an unknown field is a 400 naming every bad field. Boundary: JSON shapes
+only; what the fields do is server.py's and the decoder's.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_STOP_STRINGS
+
+
+# ----------------------------------------------------------------------------- request models
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _GenerationFields(_Strict):
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0  # OpenAI's default (0 = greedy)
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    user: str | None = None  # accepted and ignored, as by other local servers
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # specdec extensions
+    top_k: Annotated[int, Field(ge=0)] = 0
+    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
+    proposer: Literal["draft", "lookup", "hybrid"] | None = None
+    tree: str | list[Annotated[int, Field(ge=1)]] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value):
+        if value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value != 0:
+            raise ValueError("only 0 is supported (use repetition_penalty)")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+
+class CompletionRequest(_GenerationFields):
+    prompt: str | list[str] | list[int]
+    echo: Literal[False] = False
+    logprobs: Literal[None] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 1:
+            raise ValueError("only one prompt per request (n=1, no batches)")
+        if not value:
+            raise ValueError("prompt is empty")
+        return value
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_GenerationFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # OpenAI's newer name for max_tokens
+    logprobs: Literal[False, None] = None
+
+
+# ----------------------------------------------------------------------------- errors
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.retry_after = retry_after
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return error_response(self.status, self.message, self.param, self.code, self.kind, headers)
+
+
+def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None):
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One message naming every bad field (``temperature: ...; messages.0.role: ...``), and the first field.
+
+    A union field (``stop``: a string or a list) fails once per alternative: its messages are joined."""
+    fields: dict = {}
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            detail = (error.get("ctx") or {}).get("error", error.get("msg"))
+            return f"the request body is not valid JSON: {detail}", None
+        location = [str(p) for p in error.get("loc", ()) if p != "body"]
+        # drop pydantic's tags for union alternatives ("str", "list[str]", "constrained-int", "literal['auto']")
+        location = [p for p in location if not _UNION_TAG.fullmatch(p)]
+        name = ".".join(location) or "body"
+        message = "unknown field" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
+        message = message.removeprefix("Value error, ")
+        if message not in fields.setdefault(name, []):
+            fields[name].append(message)
+    parts = [f"{name}: {' or '.join(messages)}" for name, messages in fields.items()]
+    return "; ".join(parts), next(iter(fields), None)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its (non-streaming) answer was ready."""
+
+
+_UNION_TAG = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|constrained-\w+|"
+                        r"function-\w+\[.*\]|[A-Z]\w+)")

@@ -1,0 +1,142 @@
+"""Scale-out on Ray Serve (the ``[ray]`` extra): replicas of the OpenAI server, each with its own decoder pool.
+
+Every replica builds, on its node, the same app ``specdec serve`` runs locally (server.create_app over a
+DecoderPool of ``workers`` forked decoders over the bundle), behind Ray Serve's HTTP proxy on
+``host:port``. The bundle is opened by path on each node: put it where every node sees it at the same
+path (a shared or synced folder), with specdec installed in each node's Python.
+
+A cluster: ``ray start --head --node-ip-address=<head ip>`` on one machine, ``ray start
+--address=<head ip>:6379`` on the others, then ``specdec serve BUNDLE --ray --address auto --replicas N``
+on any of them. Without ``--address`` a local Ray instance is started on 127.0.0.1 (dashboard off).
+Boundary: deployment wiring only; HTTP behaviour is server.py's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+APP_NAME = "specdec"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    bundle: str
+    model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1  # decoders per replica (forks sharing the replica's sessions)
+    max_queue: int = 16  # per replica, as ``specdec serve --max-queue``
+    replicas: int = 1  # fixed count, or the autoscaling minimum when max_replicas is set
+    max_replicas: int | None = None  # autoscale on ongoing requests between replicas and this
+    cpus_per_replica: float = 1.0  # Ray CPU reservation per replica
+    address: str | None = None  # Ray cluster to join ("auto", "host:6379"); None: start a local instance
+    provider: str = "cpu"
+    max_context: int | None = None
+    threads: int | None = None
+    verify: bool = True
+
+    def __post_init__(self):
+        for name in ("workers", "replicas"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= replicas ({self.replicas})")
+        if not self.cpus_per_replica > 0:
+            raise ValueError(f"cpus_per_replica must be > 0, got {self.cpus_per_replica}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+
+    def scaling(self) -> dict:
+        """Ray Serve deployment settings: a fixed replica count, or autoscaling bounds."""
+        if self.max_replicas is None:
+            return {"num_replicas": self.replicas}
+        return {"autoscaling_config": {"min_replicas": self.replicas, "max_replicas": self.max_replicas,
+                                       "target_ongoing_requests": self.workers}}
+
+
+def build_application(options: RayOptions):
+    """The bound Ray Serve application (``serve.run`` it, or reference it from a Serve config file)."""
+    try:
+        from ray import serve
+    except ImportError as exc:
+        raise ValueError(f"--ray needs the [ray] extra (pip install 'specdec[ray]'): {exc}") from None
+    bundle = str(Path(options.bundle).resolve())
+    if not Path(bundle).is_dir():
+        raise ValueError(f"bundle folder {options.bundle} does not exist (every node must see it at this path)")
+
+    def build_app():  # runs in each replica, on its node
+        from specdec.decoding.decoder import SpeculativeDecoder
+
+        from specdec.serving.app import ServerOptions, create_app
+        from specdec.serving.pool import DecoderPool, PoolOptions
+
+        decoder = SpeculativeDecoder.load(bundle, provider=options.provider, max_context=options.max_context,
+                                          threads=options.threads, verify=options.verify)
+        pool = DecoderPool(decoder, PoolOptions(workers=options.workers, max_queue=options.max_queue))
+        return create_app(pool, ServerOptions(model_name=options.model_name))
+
+    replica = serve.deployment(
+        name="SpecdecReplica",
+        ray_actor_options={"num_cpus": options.cpus_per_replica},
+        # Ray routes at most this many requests to a replica at once; more wait in Ray's queue
+        max_ongoing_requests=options.workers + options.max_queue,
+        **options.scaling(),
+    )(serve.ingress(build_app)())
+    return replica.bind()
+
+
+def _local_environment(address: str | None) -> None:
+    """Before Ray is imported: no usage statistics; a local instance stays on the loopback address
+    (Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 as "single machine": its node address is then 127.0.0.1)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not address:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def connect(address: str | None, **local) -> None:
+    """Join the Ray cluster at ``address``, or start a local instance on 127.0.0.1 (dashboard off)."""
+    _local_environment(address)
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **local)
+
+
+def start(options: RayOptions, **local):
+    """Connect, start Serve's HTTP proxy on host:port and deploy; returns the ingress handle."""
+    _local_environment(options.address)
+    from ray import serve
+
+    application = build_application(options)
+    connect(options.address, **local)
+    serve.start(http_options={"host": options.host, "port": options.port})
+    return serve.run(application, name=APP_NAME, route_prefix="/")
+
+
+def serve_on_ray(options: RayOptions) -> int:
+    """``specdec serve --ray``: deploy, then block until Ctrl-C, then remove the application."""
+    import time
+
+    start(options)
+    from ray import serve
+
+    print(f"specdec: serving {options.model_name} on Ray Serve at http://{options.host}:{options.port}/v1 "
+          f"({options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''} replicas); "
+          "Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.delete(APP_NAME)
+    return 0

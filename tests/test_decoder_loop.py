@@ -52,7 +52,7 @@ def test_coupled_sampling_every_mode_equals_target_only_sampling(decoder, mode, 
 
 
 def test_coupled_sampling_draws_differ_across_seeds(decoder):
-    outputs = {tuple(decoder.generate(PROMPT, 20, SAMPLED[0], seed=seed).token_ids) for seed in range(8)}
+    outputs = {tuple(decoder.generate(PROMPT, max_new_tokens=20, sampling=SAMPLED[0], seed=seed).token_ids) for seed in range(8)}
     assert len(outputs) >= 6
 
 
@@ -63,13 +63,13 @@ def test_seeded_output_is_the_same_from_a_fresh_or_reused_decoder():
     first = scripted_decoder()
     other = scripted_decoder(costs=Costs(draft_step=0.9, verify=tuple(1.0 + t for t in range(9))))
     for mode in MODES:
-        runs = [dec.generate(PROMPT, 25, SAMPLED[1], seed=11, **mode).token_ids for dec in (first, first, other)]
+        runs = [dec.generate(PROMPT, max_new_tokens=25, sampling=SAMPLED[1], seed=11, **mode).token_ids for dec in (first, first, other)]
         assert runs[0] == runs[1] == runs[2], mode
 
 
 def test_rejection_sampling_with_a_fixed_schedule_is_reproducible(decoder):
     for mode in (dict(num_draft_tokens=2, proposer="draft"), dict(tree="2,2,1")):
-        runs = [decoder.generate(PROMPT, 25, SAMPLED[0], seed=3, acceptance="rejection", **mode).token_ids
+        runs = [decoder.generate(PROMPT, max_new_tokens=25, sampling=SAMPLED[0], seed=3, acceptance="rejection", **mode).token_ids
                 for _ in range(2)]
         assert runs[0] == runs[1]
 
@@ -103,7 +103,7 @@ def chi_square_pvalue(decoder, mode, acceptance, runs=RUNS):
     keys = sorted(joint)
     counts = dict.fromkeys(keys, 0)
     for seed in range(runs):
-        out = decoder.generate(STAT_PROMPT, 3, STAT_CONFIG, seed=seed, acceptance=acceptance, **mode).token_ids
+        out = decoder.generate(STAT_PROMPT, max_new_tokens=3, sampling=STAT_CONFIG, seed=seed, acceptance=acceptance, **mode).token_ids
         counts[tuple(out)] += 1
     expected = np.array([joint[k] for k in keys]) * runs
     observed = np.array([counts[k] for k in keys], dtype=float)
@@ -186,7 +186,7 @@ def test_stream_equals_generate_for_every_stop_string(mode, stop):
         stream = dec.stream(PROMPT, **args)
         pieces = list(stream)
         assert "".join(pieces) == result.text
-        assert stream.output == result.token_ids and stream.finish == result.finish_reason
+        assert stream.token_ids == result.token_ids and stream.finish_reason == result.finish_reason
         full = dec.codec.decode(result.token_ids)
         if result.finish_reason == "stop":
             cut = min(full.find(s) for s in stop if s in full)
@@ -206,9 +206,9 @@ def test_stop_string_spanning_tokens_never_leaks(decoder):
 
 
 def test_bare_string_is_one_stop_string(decoder):
-    result = decoder.generate(PROMPT, 40, SAMPLED[0], seed=1, stop="abc")
+    result = decoder.generate(PROMPT, max_new_tokens=40, sampling=SAMPLED[0], seed=1, stop="abc")
     assert "abc" not in result.text
-    texts = [decoder.generate(PROMPT, 40, SAMPLED[0], seed=s, stop="xy").text for s in range(5)]
+    texts = [decoder.generate(PROMPT, max_new_tokens=40, sampling=SAMPLED[0], seed=s, stop="xy").text for s in range(5)]
     assert all("xy" not in t for t in texts) and any("x" in t or "y" in t or True for t in texts)
 
 
@@ -246,11 +246,11 @@ def test_bad_sampling_values_are_value_errors(kwargs):
 
 # ---------------------------------------------------------------- numerics
 def test_tiny_temperature_is_greedy_not_nan(decoder):
-    greedy = decoder.generate(PROMPT, 20, num_draft_tokens=0).token_ids
+    greedy = decoder.generate(PROMPT, max_new_tokens=20, num_draft_tokens=0).token_ids
     for temperature in (1e-38, 1e-300, 5e-324):
         tiny = SamplingConfig(temperature=temperature)
-        assert decoder.generate(PROMPT, 20, tiny, num_draft_tokens=0, seed=1).token_ids == greedy
-        assert decoder.generate(PROMPT, 20, tiny, num_draft_tokens=3, proposer="draft", seed=1,
+        assert decoder.generate(PROMPT, max_new_tokens=20, sampling=tiny, num_draft_tokens=0, seed=1).token_ids == greedy
+        assert decoder.generate(PROMPT, max_new_tokens=20, sampling=tiny, num_draft_tokens=3, proposer="draft", seed=1,
                                 acceptance="rejection").token_ids == greedy
 
 
@@ -283,7 +283,7 @@ def test_rejected_rows_are_truncated_and_tree_paths_compacted(decoder):
     for mode in MODES[1:]:
         stream = decoder.stream(PROMPT, max_new_tokens=30, seed=0, **mode)
         list(stream)
-        sequence = PROMPT + stream.output
+        sequence = PROMPT + stream.token_ids
         target = decoder.target
         assert target.length == len(sequence) - 1, mode
         assert target.slot_tokens[: target.length].tolist() == sequence[:-1], mode
@@ -303,4 +303,4 @@ def test_closing_a_stream_frees_the_decoder(decoder):
     stream = decoder.stream(PROMPT, max_new_tokens=50, seed=0)
     next(stream)
     stream.close()
-    assert decoder.generate(PROMPT, 5).token_ids
+    assert decoder.generate(PROMPT, max_new_tokens=5).token_ids

@@ -44,7 +44,7 @@ def main() -> None:
     counts = {mode: [0, 0, 0] for mode in modes}  # accepted, proposed, rejected rounds
     for item in prompts:
         for mode, kwargs in modes.items():
-            result = decoder.generate(item["prompt"], args.max_new_tokens, sampling, seed=args.seed, **kwargs)
+            result = decoder.generate(item["prompt"], max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, **kwargs)
             outputs[mode].append(result.token_ids)
             stats = result.stats
             counts[mode][0] += stats.accepted

@@ -103,7 +103,7 @@ class SpeculativeDecoder:
         return self._costs
 
     # ----------------------------------------------------------------- public API
-    def generate(self, prompt, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=0,
+    def generate(self, prompt, *, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=None,
                  stop=(), proposer=None, tree=None, stop_token_ids=(), acceptance: str = "coupled") -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
 
@@ -114,26 +114,30 @@ class SpeculativeDecoder:
         more tokens per second). Default: "hybrid", or "lookup" for a bundle without a draft.
         tree: None (a chain of drafts), branching factors per depth such as "4,2,2,1" or (2, 2, 1), or "auto"
         (a dynamic tree grown from the draft's confidence within a node budget); verified in one target pass.
-        seed: with sampling, the output is the target's own seeded sample: the same tokens in every mode.
+        seed: with sampling, the output is the target's own seeded sample: the same tokens in every mode;
+        None (default): fresh randomness per request, as OpenAI's API and vLLM.
         acceptance: "coupled" (default: seeded, schedule-independent) or "rejection" (modified rejection sampling).
         stop: stop strings (the text ends before the first one); stop_token_ids: ids that end like EOS.
         """
         stats = GenerationStats()
-        pieces = self.stream(prompt, max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
+        pieces = self.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling,
+                             num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, proposer=proposer, tree=tree,
                              stats=stats, stop_token_ids=stop_token_ids, acceptance=acceptance)
         text = "".join(pieces)
-        return GenerationResult(text=text, token_ids=pieces.output, stats=stats, finish_reason=pieces.finish)
+        return GenerationResult(text=text, token_ids=pieces.token_ids, stats=stats, finish_reason=pieces.finish_reason)
 
-    def stream(self, prompt, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=0,
+    def stream(self, prompt, *, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=None,
                stop=(), proposer=None, tree=None, stats: GenerationStats | None = None, stop_token_ids=(),
                acceptance: str = "coupled") -> "TextStream":
         """Text pieces as rounds complete; the same tokens and text as ``generate`` with the same arguments.
 
         Arguments are validated now (a bad one raises here, not at the first ``next``). After the
-        stream is exhausted, ``.output`` holds the token ids and ``.finish`` the finish reason;
+        stream is exhausted, ``.token_ids`` holds the token ids and ``.finish_reason`` the finish reason (None
+        while it runs), as on ``GenerationResult``;
         ``.close()`` stops the request between rounds (a client that went away)."""
-        request = make_request(self.codec, self.limits, prompt, max_new_tokens, sampling, num_draft_tokens, seed,
-                               stop, proposer, tree, stop_token_ids, acceptance)
+        request = make_request(self.codec, self.limits, prompt, max_new_tokens=max_new_tokens, sampling=sampling,
+                               num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, proposer=proposer, tree=tree,
+                               stop_token_ids=stop_token_ids, acceptance=acceptance)
         if stats is not None and not isinstance(stats, GenerationStats):
             raise GenerationError(f"stats must be a GenerationStats, got {type(stats).__name__}")
         state = RequestState(request, self.codec, self.eos_ids, self.limits.vocab_size,
@@ -227,7 +231,7 @@ class SpeculativeDecoder:
 
 
 class TextStream:
-    """The iterator ``stream`` returns: text pieces; then ``output`` (token ids) and ``finish`` (reason)."""
+    """The iterator ``stream`` returns: text pieces; then ``token_ids`` and ``finish_reason`` (as ``GenerationResult``)."""
 
     def __init__(self, pieces: Iterator[str], state: RequestState):
         self._pieces = pieces
@@ -244,12 +248,13 @@ class TextStream:
         self._pieces.close()
 
     @property
-    def output(self) -> list:
+    def token_ids(self) -> list:
         return self._state.output
 
     @property
-    def finish(self) -> str:
-        return self._state.finish or "length"
+    def finish_reason(self) -> str | None:
+        """None while the request runs; then "eos", "stop" or "length"."""
+        return self._state.finish
 
     @property
     def stats(self) -> GenerationStats:

@@ -158,8 +158,8 @@ def _stops(stop) -> tuple:
     return tuple(dict.fromkeys(stop))
 
 
-def make_request(codec: TextCodec, limits: Limits, prompt, max_new_tokens=128, sampling=None,
-                 num_draft_tokens="auto", seed=0, stop=(), proposer=None, tree=None, stop_token_ids=(),
+def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128, sampling=None,
+                 num_draft_tokens="auto", seed=None, stop=(), proposer=None, tree=None, stop_token_ids=(),
                  acceptance="coupled") -> Request:
     """Validate the public arguments (each error names its argument) into a ``Request``."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:

@@ -91,7 +91,7 @@ def _work(prepared: _Prepared):
         stream = decoder.stream(prepared.prompt_ids, stats=stats, max_new_tokens=prepared.max_new_tokens,
                                 **prepared.options)
         yield from stream  # closing this job closes the stream: the request stops between rounds
-        yield _Done(stats, 0.0, stream.finish)
+        yield _Done(stats, 0.0, stream.finish_reason or "length")
 
     return run
 

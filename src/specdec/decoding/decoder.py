@@ -77,7 +77,7 @@ class SpeculativeDecoder:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
             # the draft's session first: on the 2-core CPU measured, sessions created later ran 2-3% faster
-            # whatever their graph (README, session 5), and the target runs most of the passes
+            # whatever their graph (2026-11-30, docs/benchmarks.md), and the target runs most of the passes
             runners = {
                 role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads,
                                   kept_ids=load_kept_ids(root, spec))

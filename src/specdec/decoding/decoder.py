@@ -144,6 +144,11 @@ class SpeculativeDecoder:
                              stats=stats if stats is not None else GenerationStats())
         return TextStream(self._pieces(state), state)
 
+    def cached_prefix(self, token_ids) -> int:
+        """How many leading ``token_ids`` the target's cache holds now (what a request on them would not
+        compute again). For routing a request to the worker that shares the most; takes no lock."""
+        return self.target.held_prefix(list(token_ids))
+
     def validate(self, prompt, **options) -> Request:
         """The checks ``generate`` makes on its arguments, without generating (a one-line GenerationError)."""
         return make_request(self.codec, self.limits, prompt, **options)
@@ -197,9 +202,10 @@ class SpeculativeDecoder:
             target = TimedRunner(self.target, "target", on_pass)
             draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             started = time.perf_counter()
-            for runner in filter(None, (target, draft)):
-                runner.reset()
-                catch_up(runner, state.tokens)
+            leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
+            stats.cached_tokens = reuse_cache(target, state.tokens, leave)
+            if draft is not None:
+                stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave)
             stats.prefill_seconds = time.perf_counter() - started
             stats.verify_seconds = stats.draft_seconds = 0.0
             started = time.perf_counter()
@@ -228,6 +234,19 @@ class SpeculativeDecoder:
             return played
         lag = len(state.tokens) - draft.length if draft is not None else 0
         return chain_round(target, draft, state, rule, plan.propose(state.tokens, budget, lag))
+
+
+def reuse_cache(runner, tokens: list, leave: int = 2) -> int:
+    """Keep the longest prefix of ``tokens`` the runner's cache holds, then compute the rest (but the last
+    one or two, which the first round feeds). Returns the number of prompt tokens reused.
+
+    The last token is never reused: the first round needs its logits, so it runs again. Rows are computed
+    by the same graph whatever the pass width (verify rows equal one-token rows bit for bit, checked at
+    export), so a warm cache gives the same tokens as a cold one."""
+    held = min(runner.held_prefix(tokens), len(tokens) - 1)
+    runner.truncate(held)
+    catch_up(runner, tokens, leave)
+    return held
 
 
 class TextStream:

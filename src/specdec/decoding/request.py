@@ -32,6 +32,8 @@ class GenerationError(ValueError):
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys/values the target's cache already held (not computed)
+    draft_cached_tokens: int = 0  # the same for the draft's cache (when the request uses the draft)
     new_tokens: int = 0
     rounds: int = 0
     target_forwards: int = 0
@@ -162,8 +164,8 @@ def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128
                  num_draft_tokens="auto", seed=None, stop=(), proposer=None, tree=None, stop_token_ids=(),
                  acceptance="coupled") -> Request:
     """Validate the public arguments (each error names its argument) into a ``Request``."""
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise GenerationError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise GenerationError(f"max_new_tokens must be an integer >= 0 (0: prefill only), got {max_new_tokens!r}")
     sampling = SamplingConfig() if sampling is None else sampling
     if not isinstance(sampling, SamplingConfig):
         raise GenerationError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
@@ -235,6 +237,8 @@ class RequestState:
         self.noise = PositionNoise(seed, self.vocab_size)  # coupled sampling: noise per absolute position
         self.rng = np.random.default_rng(seed)  # acceptance="rejection": draws in the order the rounds make them
         self.text = StopStrings(self.codec, request.stop)
+        if request.max_new_tokens == 0:  # a warm-up: prefill into the cache, generate nothing
+            self.finish = "length"
 
     @property
     def produced(self) -> int:

@@ -36,10 +36,10 @@ class Round:
     accepted: int
 
 
-def catch_up(runner, tokens: list) -> None:
-    """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last 2 for the next pass."""
-    while runner.length < len(tokens) - 2:
-        chunk = tokens[runner.length : min(len(tokens) - 2, runner.length + PREFILL_CHUNK)]
+def catch_up(runner, tokens: list, leave: int = 2) -> None:
+    """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass."""
+    while runner.length < len(tokens) - leave:
+        chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + PREFILL_CHUNK)]
         runner.forward(chunk, range(runner.length, runner.length + len(chunk)))
         runner.commit(len(chunk))
 

@@ -7,6 +7,9 @@ Everything else a cache needs lives here, once:
 
   length           valid slots; slot j holds the keys/values of one committed (or candidate) token
   slot_positions   [max_context] int64: the position each slot was written at (trees reuse positions)
+  slot_ids      [max_context] int64: the token id each slot holds the keys/values of
+  held_prefix(ids) how many leading ``ids`` the cache already holds (at positions 0, 1, ...): a new request
+                   keeps them and computes only the rest (cache reuse across requests)
   commit(n)        keep the first n rows the last pass wrote
   truncate(n)      keep the first n slots (rejected drafts are dropped by moving a length)
   keep_path(s, f)  tree compaction: slots ``s`` (ascending) move to f, f + 1, ...; the rest is dropped
@@ -49,6 +52,7 @@ class Runner:
         self.max_step_tokens = max_step_tokens
         self.length = 0
         self.slot_positions = np.zeros(max_context, dtype=np.int64)
+        self.slot_ids = np.full(max_context, -1, dtype=np.int64)
         self.forward_count = 0
         self._mask = np.zeros(max_step_tokens * max_context, dtype=bool)
         self._sliding = np.zeros_like(self._mask) if spec.has_sliding_mask else None
@@ -89,6 +93,7 @@ class Runner:
         if self.kept_ids is not None:  # a pruned draft: its distribution is exactly zero outside the kept ids
             logits = expand_logits_into(logits, self.kept_ids, self._full_logits[:count])
         self.slot_positions[past:total] = pos
+        self.slot_ids[past:total] = ids
         self.forward_count += 1
         return logits
 
@@ -113,10 +118,23 @@ class Runner:
         if len(sources):
             self._move_kv(sources, first_slot)
             self.slot_positions[first_slot : first_slot + len(sources)] = self.slot_positions[sources]
+            self.slot_ids[first_slot : first_slot + len(sources)] = self.slot_ids[sources]
         self.length = first_slot + len(sources)
 
     def reset(self) -> None:
         self.length = 0
+
+    def held_prefix(self, token_ids) -> int:
+        """The number of leading ``token_ids`` whose keys/values this cache holds, each at its own position.
+
+        Every write goes through ``forward`` / ``keep_path``, which record the token and position of each
+        slot, so this is exact: a slot counts only if it holds that token at that position."""
+        count = min(len(token_ids), self.length)
+        if count == 0:
+            return 0
+        ids = np.asarray(token_ids[:count], dtype=np.int64)
+        same = (self.slot_ids[:count] == ids) & (self.slot_positions[:count] == np.arange(count))
+        return count if same.all() else int(np.argmin(same))
 
     def fork(self) -> "Runner":
         """A runner on the same weights with its own cache (for concurrent requests)."""

@@ -34,5 +34,8 @@ class TimedRunner:
     def keep_path(self, sources, first_slot: int) -> None:
         self.runner.keep_path(sources, first_slot)
 
+    def held_prefix(self, token_ids) -> int:
+        return self.runner.held_prefix(token_ids)
+
     def reset(self) -> None:
         self.runner.reset()

@@ -1,0 +1,108 @@
+"""Cache reuse across requests: a warm cache changes what is computed, never the tokens.
+
+A decoder keeps, for each model, the longest prefix of a new request that its cache holds (the
+runner records the token and position of every slot) and computes only the rest. Every mode,
+greedy and seeded sampling, must return exactly the tokens a cold decoder returns, whatever the
+previous request left behind: the same prompt again, a chat's next turn (prompt + reply + more),
+a prompt that diverges part-way, a shorter one, one after a warm-up (max_new_tokens=0).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scripted import scripted_decoder
+from specdec.sampling.processors import SamplingConfig
+
+PROMPT = "abc kab<c\nab cab"
+MODES = [dict(num_draft_tokens=0), dict(num_draft_tokens=2, proposer="draft"), dict(num_draft_tokens=3, proposer="lookup"),
+         dict(proposer="hybrid"), dict(num_draft_tokens="auto"), dict(tree="2,1"), dict(tree="auto")]
+SAMPLINGS = [dict(), dict(sampling=SamplingConfig(temperature=0.9, top_k=8), seed=5),
+             dict(sampling=SamplingConfig(temperature=1.0, top_p=0.9), seed=2, acceptance="rejection")]
+
+
+def _previous_requests(decoder, prompt_ids, reply_ids):
+    """What a user might have sent before: each leaves the cache in a different state."""
+    return {
+        "same prompt": prompt_ids,
+        "next turn": prompt_ids + reply_ids[:7] + prompt_ids[:5],
+        "diverges": prompt_ids[:6] + [(t + 1) % 15 for t in prompt_ids[6:]],
+        "longer": prompt_ids + reply_ids + prompt_ids,
+        "shorter": prompt_ids[:3],
+    }
+
+
+@pytest.mark.parametrize("options", SAMPLINGS, ids=["greedy", "coupled", "rejection"])
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_warm_cache_returns_the_cold_tokens(mode, options):
+    if options.get("acceptance") == "rejection" and (mode.get("num_draft_tokens") == "auto" or mode.get("tree") == "auto"
+                                                     or mode.get("proposer") == "hybrid"):
+        pytest.skip("rejection sampling is reproducible only with a fixed schedule")
+    cold = scripted_decoder()
+    warm = scripted_decoder()
+    prompt_ids = cold.codec.encode(PROMPT)
+    reply = cold.generate(prompt_ids, max_new_tokens=24, num_draft_tokens=0).token_ids
+    for name, previous in _previous_requests(cold, prompt_ids, reply).items():
+        for question in (prompt_ids, previous + prompt_ids[:4]):
+            warm.generate(previous, max_new_tokens=9, **mode, **options)  # leaves previous + its reply in the caches
+            expected = cold.fork().generate(question, max_new_tokens=20, **mode, **options)
+            got = warm.generate(question, max_new_tokens=20, **mode, **options)
+            assert got.token_ids == expected.token_ids, (name, question)
+            assert got.text == expected.text
+
+
+def test_a_next_turn_computes_only_the_new_tokens():
+    decoder = scripted_decoder()
+    prompt_ids = decoder.codec.encode(PROMPT)
+    first = decoder.generate(prompt_ids, max_new_tokens=12, num_draft_tokens=2, proposer="draft")
+    assert first.stats.cached_tokens == 0
+    turn = prompt_ids + first.token_ids + decoder.codec.encode("ab c")
+    second = decoder.generate(turn, max_new_tokens=12, num_draft_tokens=2, proposer="draft")
+    # the caches hold the prompt and the reply but its last token (never fed: the request ended on it)
+    assert second.stats.cached_tokens == len(prompt_ids) + len(first.token_ids) - 1
+    assert second.stats.draft_cached_tokens >= len(prompt_ids)
+    assert decoder.cached_prefix(turn) >= second.stats.cached_tokens
+
+
+def test_a_warm_up_request_prefills_and_returns_nothing():
+    decoder = scripted_decoder()
+    prompt_ids = decoder.codec.encode(PROMPT)
+    warm_up = decoder.generate(prompt_ids, max_new_tokens=0)
+    assert warm_up.token_ids == [] and warm_up.text == "" and warm_up.finish_reason == "length"
+    assert warm_up.stats.rounds == 0
+    after = decoder.generate(prompt_ids + [3, 4], max_new_tokens=5)
+    assert after.stats.cached_tokens == len(prompt_ids) - 1  # all but the last token of the warm-up (never fed)
+
+
+def test_the_cache_is_checked_token_by_token_not_by_length():
+    """Planted: a cache that trusted its length would reuse rows of another prompt; the held prefix stops at
+    the first differing token, and at a slot written at another position (a tree node)."""
+    decoder = scripted_decoder()
+    prompt_ids = decoder.codec.encode(PROMPT)
+    decoder.generate(prompt_ids, max_new_tokens=6, num_draft_tokens=0)
+    other = list(prompt_ids)
+    other[4] = (other[4] + 1) % 15
+    assert decoder.cached_prefix(other) == 4
+    assert decoder.cached_prefix(prompt_ids[:7]) == 7
+    decoder.target.slot_positions[2] = 9  # as if slot 2 held a token written at another position
+    assert decoder.cached_prefix(prompt_ids) == 2
+
+
+@pytest.mark.parametrize("form", ["tiny_bundle", "tiny_standard_bundle"])
+def test_warm_cache_returns_the_cold_tokens_on_exported_graphs(form, request):
+    """The same on real onnxruntime graphs (fused and standard forms): rows computed in a chat's earlier
+    turn (decode and verify passes) are reused by the next turn's prefill."""
+    from specdec import SpeculativeDecoder
+
+    warm = SpeculativeDecoder.load(request.getfixturevalue(form))
+    prompt_ids = warm.codec.encode("def add(a, b):\n    return")
+    for mode in MODES:
+        for options in SAMPLINGS[:2]:
+            warm.generate(prompt_ids, max_new_tokens=16, **mode, **options)
+            reply = warm.generate(prompt_ids, max_new_tokens=16, **mode, **options)
+            turn = prompt_ids + reply.token_ids + prompt_ids[:5]
+            got = warm.generate(turn, max_new_tokens=16, **mode, **options)
+            cold = warm.fork().generate(turn, max_new_tokens=16, **mode, **options)
+            assert got.token_ids == cold.token_ids, (mode, options)
+            assert reply.stats.cached_tokens == len(prompt_ids) - 1
+            assert got.stats.cached_tokens >= len(prompt_ids) + len(reply.token_ids) - 1

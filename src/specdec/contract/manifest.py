@@ -57,6 +57,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec.contract.fim import FIM_ROLES
 from specdec.contract.field_checks import (FieldError, anything, dimension, fail, int_in, is_int, mapping, one_of, optional, positive_int,
                            record, relative_path, sha256_hex, shown, text, token_id, tuple_of)
 
@@ -304,6 +305,7 @@ class Manifest:
     tools: dict = field(default_factory=dict)  # tool name -> version that made the bundle
     extra: dict = field(default_factory=dict)  # free notes (parity errors, export time); never read by the runtime
     engines: dict = field(default_factory=dict)  # role -> TensorRT engine record (specdec.runners.tensorrt.records)
+    fim_tokens: dict = field(default_factory=dict)  # fill-in-the-middle role -> token id (contract/fim.py); {} = none
 
     def __post_init__(self):
         if self.draft is not None:  # acceptance compares the two distributions id by id
@@ -362,6 +364,7 @@ MANIFEST_FIELDS = {
     "tools": mapping(text, anything),
     "extra": mapping(text, anything),
     "engines": mapping(one_of(ROLES), mapping(text, anything)),
+    "fim_tokens": mapping(one_of(FIM_ROLES), token_id),
 }
 
 

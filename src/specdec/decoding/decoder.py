@@ -28,7 +28,7 @@ from specdec.contract.bundle import default_hash_cache, inside, open_bundle
 from specdec.decoding.cost_model import Costs, calibrate
 from specdec.runners.fused import make_runner
 from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
-from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, GenerationError, GenerationResult,  # noqa: F401
+from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_TREE_NODES, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
 from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, tree_round
 from specdec.decoding.rules import TokenRule
@@ -143,6 +143,39 @@ class SpeculativeDecoder:
         state = RequestState(request, self.codec, self.eos_ids, self.limits.vocab_size,
                              stats=stats if stats is not None else GenerationStats())
         return TextStream(self._pieces(state), state)
+
+    def infill(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", **options) -> GenerationResult:
+        """Fill in the middle between ``prefix`` and ``suffix`` (code before and after the cursor).
+
+        extra: other files as ``[{"filename": ..., "text": ...}]`` (repository-level context); prompt: text
+        that continues the prefix (llama.cpp's ``prompt``). The rest are ``generate``'s options; the answer
+        ends at EOS or at the tokenizer's FIM markers. Laid out as llama.cpp's server does (decoding/infill.py)."""
+        ids, stop_ids = self._infill_ids(prefix, suffix, extra, prompt, options)
+        return self.generate(ids, **options, stop_token_ids=stop_ids)
+
+    def stream_infill(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", **options) -> "TextStream":
+        """``infill`` as text pieces (``stream``'s iterator)."""
+        ids, stop_ids = self._infill_ids(prefix, suffix, extra, prompt, options)
+        return self.stream(ids, **options, stop_token_ids=stop_ids)
+
+    def infill_prompt(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", max_new_tokens: int = 128,
+                      tree=None) -> list:
+        """The token ids ``infill`` would decode from (fitted to the context)."""
+        from specdec.decoding.infill import fim_tokens, infill_prompt
+
+        longest = MAX_TREE_NODES if tree is not None else MAX_DRAFT_TOKENS
+        room = self.max_context - max_new_tokens - longest - 1 if isinstance(max_new_tokens, int) else None
+        return infill_prompt(self.codec, fim_tokens(self.manifest, self.codec), prefix, suffix, extra, prompt, room)
+
+    def _infill_ids(self, prefix, suffix, extra, prompt, options) -> tuple:
+        from specdec.decoding.infill import fim_stop_ids, fim_tokens
+
+        ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt,
+                                 max_new_tokens=options.get("max_new_tokens", 128), tree=options.get("tree"))
+        user_stops = options.pop("stop_token_ids", ())
+        if isinstance(user_stops, (str, bytes)) or not isinstance(user_stops, (list, tuple, set, frozenset)):
+            raise GenerationError(f"stop_token_ids must be a list of token ids, got {user_stops!r}")
+        return ids, tuple(user_stops) + fim_stop_ids(fim_tokens(self.manifest, self.codec))
 
     def cached_prefix(self, token_ids) -> int:
         """How many leading ``token_ids`` the target's cache holds now (what a request on them would not

@@ -125,10 +125,22 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+def check_text(value, name: str) -> str:
+    """Text a tokenizer can encode: a str without lone surrogates (valid JSON can carry them: "\\ud800")."""
+    if not isinstance(value, str):
+        raise GenerationError(f"{name} must be text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise GenerationError(f"{name} is not valid text: {exc.reason} at character {exc.start}") from None
+    return value
+
+
 def _prompt_ids(prompt, codec: TextCodec, vocab: int) -> tuple:
     if isinstance(prompt, str):
         if not prompt:
             raise GenerationError("prompt is empty: give some text or token ids")
+        check_text(prompt, "prompt")
         ids = codec.encode(prompt)
     elif isinstance(prompt, np.ndarray):
         if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):

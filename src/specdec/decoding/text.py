@@ -14,8 +14,13 @@ class TextCodec:
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """``special=False``: the text's own tokens, no BOS or other template tokens added."""
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a token given by its text (a special token such as ``<|fim_prefix|>``), or None."""
+        return self.tokenizer.token_to_id(text)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

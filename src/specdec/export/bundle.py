@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdec.contract.bundle import sha256_file
+from specdec.contract.fim import find_fim_tokens
 from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
 
 from specdec.export.compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
@@ -297,6 +298,7 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
             target=specs["target"],
             draft=specs.get("draft"),
             tokenizer_file="tokenizer/tokenizer.json",
+            fim_tokens=find_fim_tokens(_token_id_of(tokenizers["target"])),
             files=hash_tree(staging),
             tools=tool_versions(),
             extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),
@@ -332,3 +334,8 @@ def save_tokenizer(tokenizer, folder: Path) -> bool:
         for name, text in template.items():
             (folder / "chat_templates" / f"{name}.jinja").write_text(text, encoding="utf-8")
     return bool(template)
+
+
+def _token_id_of(tokenizer):
+    """A transformers tokenizer's text -> id lookup that says None for a token it does not have (not unk)."""
+    return tokenizer.get_vocab().get

@@ -157,14 +157,35 @@ BASE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ({**BASE, "max_tokens": 10_000}, None, 400, ["context"]),
     ({**BASE, "messages": [{"role": "user", "content": "y" * 600}]}, None, 400, ["context"]),
     ({**BASE, "model": "gpt-4"}, None, 404, ["gpt-4"]),
+    # the decoder's own checks (make_request), in the client's field names
+    ({**BASE, "max_tokens": -1}, None, 400, ["max_tokens must be"]),
+    ({**BASE, "tree": [2, 1], "proposer": "lookup"}, None, 400, ["tree", "proposer"]),
+    ({**BASE, "max_tokens": None, "max_completion_tokens": 10_000}, None, 400, ["max_completion_tokens: ", "context"]),
 ])
 def test_bad_requests_named(served, payload, raw, status, named):
     """Each malformed request gets the right status and an OpenAI error naming every bad field."""
     response = _post(served[0], payload, raw=raw)
     assert response.status_code == status, response.text
     error = response.json()["error"]
+    assert "\n" not in error["message"] and "Traceback" not in error["message"]
     for word in named:
         assert word in error["message"], error["message"]
+
+
+@pytest.mark.parametrize("payload, param, code", [
+    ({**BASE, "max_tokens": -1}, "max_tokens", None),
+    ({**BASE, "tree": [2, 1], "proposer": "lookup"}, "tree", None),
+    ({**BASE, "max_tokens": 10_000}, "max_tokens", "context_length_exceeded"),
+    ({**BASE, "max_tokens": None, "messages": [{"role": "user", "content": "y" * 600}]}, "messages",
+     "context_length_exceeded"),
+])
+def test_decoder_checks_name_the_param(served, payload, param, code):
+    """What only the decoder checks (make_request: the budget, the context, tree + proposer) comes back as a
+    400 whose ``param`` is the client's field, with OpenAI's context_length_exceeded code for an overflow."""
+    response = _post(served[0], payload)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, code), error
 
 
 def test_bad_completion_prompt_and_client_error(served, client):

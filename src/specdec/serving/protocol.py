@@ -1,12 +1,16 @@
 """The OpenAI wire format of the server: request models, OpenAI-shaped errors.
 
 Requests are pydantic models in strict mode that forbid unknown fields: a wrong type, an
-out-of-range value or an unknown field is a 400 naming every bad field. Boundary: JSON shapes
-only; what the fields do is server.py's and the decoder's.
+out-of-range value or an unknown field is a 400 naming every bad field. The bounds here come from the
+limits table (contract/limits.py); what a combination of fields means (the context, the token budget,
+a tree with a proposer) is checked once, by the decoder's own ``make_request`` (handlers.py maps its
+``GenerationError`` to a 400 naming the wire field). Boundary: JSON shapes only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 from typing import Annotated, Literal
 
@@ -15,6 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_STOP_STRINGS
+from specdec.decoding.request import make_request
+from specdec.sampling.processors import SamplingConfig
 
 
 # ----------------------------------------------------------------------------- request models
@@ -28,7 +34,7 @@ class StreamOptions(_Strict):
 
 class _GenerationFields(_Strict):
     model: str
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: int | None = None  # its range is the decoder's (make_request): one place
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0  # OpenAI's default (0 = greedy)
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     n: int = 1
@@ -100,7 +106,7 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_GenerationFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None  # OpenAI's newer name for max_tokens
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: Literal[False, None] = None
 
 
@@ -149,3 +155,40 @@ class ClientGone(Exception):
 
 _UNION_TAG = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|constrained-\w+|"
                         r"function-\w+\[.*\]|[A-Z]\w+)")
+
+
+# ----------------------------------------------------------------------------- the decoder's errors, on the wire
+_LEADING_NAME = re.compile(r"[a-z_]+")
+
+
+def decoder_error(exc: ValueError, wire_names: dict, prompt_field: str = "prompt",
+                  budget_given: bool = True) -> APIError:
+    """A 400 for the decoder's one-line ``GenerationError`` (or SamplingConfig's ValueError), naming the field.
+
+    The decoder's messages begin with the argument they are about (``num_draft_tokens must be ...``,
+    ``prompt (9 tokens) + max_new_tokens (10000) ... exceeds max_context 512``); ``wire_names`` maps a
+    decoder argument to the request field a client sent (``max_new_tokens`` -> ``max_tokens``), and the
+    message is rewritten in the client's names. A context overflow names the token budget when the
+    client gave one (``budget_given``), else the prompt, with OpenAI's ``context_length_exceeded`` code."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for name, field in wire_names.items():
+        message = re.sub(rf"\b{name}\b", field, message)
+    match = _LEADING_NAME.match(message)
+    word = match.group(0) if match else ""
+    code = None
+    if "exceeds max_context" in message:
+        code = "context_length_exceeded"
+        param = wire_names.get("max_new_tokens", "max_tokens") if budget_given else prompt_field
+    elif word == "prompt":
+        param = prompt_field
+    elif word in wire_names.values() or word in _FIELDS:
+        param = word
+    else:
+        param = None
+    if param is not None and not message.startswith(param):
+        message = f"{param}: {message}"
+    return APIError(400, message, param=param, code=code)
+
+
+# the decoder's arguments (make_request's keywords) and SamplingConfig's fields: the names its messages begin with
+_FIELDS = frozenset(inspect.signature(make_request).parameters) | {f.name for f in dataclasses.fields(SamplingConfig)}

@@ -32,7 +32,17 @@ def model_name(args) -> str:
     return args.model_name or Path(args.bundle).resolve().name
 
 
+def _show_logs() -> None:
+    """The server library logs (logging); the command shows its INFO lines on stderr."""
+    import logging
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="specdec: %(message)s")
+    logging.getLogger("specdec").setLevel(logging.INFO)
+
+
 def cmd_serve(args) -> int:
+    _show_logs()
     if args.ray:
         from specdec.serving.ray_serve import RayOptions, serve_on_ray
 
@@ -45,23 +55,21 @@ def cmd_serve(args) -> int:
     try:
         import uvicorn
 
-        from specdec.serving.app import ServerOptions, create_app
+        from specdec.serving.app import LoadOptions, ServerOptions, build_app
     except ImportError as exc:
         raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
-    from specdec.decoding.decoder import SpeculativeDecoder
-
-    from specdec.serving.pool import DecoderPool, PoolOptions
+    from specdec.serving.pool import PoolOptions
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     server_options = ServerOptions(model_name=model_name(args), shutdown_grace=args.shutdown_grace)
-    decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
-                                      threads=args.threads, verify=not args.no_verify)
+    load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
+                               verify=not args.no_verify)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
               "can use it", file=sys.stderr)
-    app = create_app(DecoderPool(decoder, pool_options), server_options)
+    app = build_app(args.bundle, server_options, pool_options, load_options)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
                 log_level="info")
     return 0

@@ -1,6 +1,6 @@
 """Scale-out on Ray Serve (the ``[ray]`` extra): replicas of the OpenAI server, each with its own decoder pool.
 
-Every replica builds, on its node, the same app ``specdec serve`` runs locally (server.create_app over a
+Every replica builds, on its node, the same app ``specdec serve`` runs locally (``app.build_app``: a
 DecoderPool of ``workers`` forked decoders over the bundle), behind Ray Serve's HTTP proxy on
 ``host:port``. The bundle is opened by path on each node: put it where every node sees it at the same
 path (a shared or synced folder), with specdec installed in each node's Python.
@@ -8,16 +8,18 @@ path (a shared or synced folder), with specdec installed in each node's Python.
 A cluster: ``ray start --head --node-ip-address=<head ip>`` on one machine, ``ray start
 --address=<head ip>:6379`` on the others, then ``specdec serve BUNDLE --ray --address auto --replicas N``
 on any of them. Without ``--address`` a local Ray instance is started on 127.0.0.1 (dashboard off).
-Boundary: deployment wiring only; HTTP behaviour is server.py's.
+Boundary: deployment wiring only; HTTP behaviour is app.py's and handlers.py's.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 APP_NAME = "specdec"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,16 +71,14 @@ def build_application(options: RayOptions):
     if not Path(bundle).is_dir():
         raise ValueError(f"bundle folder {options.bundle} does not exist (every node must see it at this path)")
 
-    def build_app():  # runs in each replica, on its node
-        from specdec.decoding.decoder import SpeculativeDecoder
+    def replica_app():  # runs in each replica, on its node
+        from specdec.serving.app import LoadOptions, ServerOptions, build_app
+        from specdec.serving.pool import PoolOptions
 
-        from specdec.serving.app import ServerOptions, create_app
-        from specdec.serving.pool import DecoderPool, PoolOptions
-
-        decoder = SpeculativeDecoder.load(bundle, provider=options.provider, max_context=options.max_context,
-                                          threads=options.threads, verify=options.verify)
-        pool = DecoderPool(decoder, PoolOptions(workers=options.workers, max_queue=options.max_queue))
-        return create_app(pool, ServerOptions(model_name=options.model_name))
+        return build_app(bundle, ServerOptions(model_name=options.model_name),
+                         PoolOptions(workers=options.workers, max_queue=options.max_queue),
+                         LoadOptions(provider=options.provider, max_context=options.max_context,
+                                     threads=options.threads, verify=options.verify))
 
     replica = serve.deployment(
         name="SpecdecReplica",
@@ -86,7 +86,7 @@ def build_application(options: RayOptions):
         # Ray routes at most this many requests to a replica at once; more wait in Ray's queue
         max_ongoing_requests=options.workers + options.max_queue,
         **options.scaling(),
-    )(serve.ingress(build_app)())
+    )(serve.ingress(replica_app)())
     return replica.bind()
 
 
@@ -129,9 +129,9 @@ def serve_on_ray(options: RayOptions) -> int:
     start(options)
     from ray import serve
 
-    print(f"specdec: serving {options.model_name} on Ray Serve at http://{options.host}:{options.port}/v1 "
-          f"({options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''} replicas); "
-          "Ctrl-C stops", flush=True)
+    log.info("serving %s on Ray Serve at http://%s:%d/v1 (%s replicas); Ctrl-C stops", options.model_name,
+             options.host, options.port,
+             f"{options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''}")
     try:
         while True:
             time.sleep(1.0)

@@ -9,9 +9,10 @@ a prompt that diverges part-way, a shorter one, one after a warm-up (max_new_tok
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from scripted import scripted_decoder
+from scripted import ScriptedRunner, scripted_decoder
 from specdec.sampling.processors import SamplingConfig
 
 PROMPT = "abc kab<c\nab cab"
@@ -88,6 +89,7 @@ def test_the_cache_is_checked_token_by_token_not_by_length():
     assert decoder.cached_prefix(prompt_ids) == 2
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("form", ["tiny_bundle", "tiny_standard_bundle"])
 def test_warm_cache_returns_the_cold_tokens_on_exported_graphs(form, request):
     """The same on real onnxruntime graphs (fused and standard forms): rows computed in a chat's earlier
@@ -106,3 +108,89 @@ def test_warm_cache_returns_the_cold_tokens_on_exported_graphs(form, request):
             assert got.token_ids == cold.token_ids, (mode, options)
             assert reply.stats.cached_tokens == len(prompt_ids) - 1
             assert got.stats.cached_tokens >= len(prompt_ids) + len(reply.token_ids) - 1
+
+
+# ----------------------------------------------------------------------------- the prompt cache in host RAM
+class SnapshottingRunner(ScriptedRunner):
+    """A scripted runner whose "keys/values" (its slot token table) can be snapshotted like a real cache's."""
+
+    _slot_bytes = 64
+
+    def _kv_rows(self, count):  # [count, 8] int64: 64 bytes a slot, as _slot_bytes says
+        return np.repeat(self.slot_tokens[:count, None], 8, axis=1)
+
+    def _set_kv_rows(self, rows, count):
+        self.slot_tokens[:count] = rows[:count, 0]
+
+    def fork(self):
+        return SnapshottingRunner(self.model, self.max_context, self.max_step_tokens)
+
+
+def _with_prompt_cache(capacity_bytes: int, identity: str = "bundle-a"):
+    from specdec.decoding.prompt_cache import PromptCache
+
+    decoder = scripted_decoder()
+    decoder.target = SnapshottingRunner(decoder.target.model, decoder.max_context)
+    decoder.draft = SnapshottingRunner(decoder.draft.model, decoder.max_context)
+    decoder.prompt_cache = PromptCache(capacity_bytes, identity)
+    return decoder
+
+
+@pytest.mark.parametrize("options", SAMPLINGS[:2], ids=["greedy", "coupled"])
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_a_worker_restores_another_worker_s_prefix_and_returns_the_cold_tokens(mode, options):
+    first = _with_prompt_cache(1 << 20)
+    second = first.fork()  # another worker: its own (empty) caches, the same prompt cache
+    prompt_ids = first.codec.encode(PROMPT * 2)
+    reply = first.generate(prompt_ids, max_new_tokens=12, **mode, **options)
+    turn = prompt_ids + reply.token_ids + prompt_ids[:6]
+    got = second.generate(turn, max_new_tokens=16, **mode, **options)
+    cold = scripted_decoder().generate(turn, max_new_tokens=16, **mode, **options)
+    assert got.token_ids == cold.token_ids
+    assert got.stats.cached_tokens >= len(prompt_ids)  # restored from the RAM cache, not computed
+    assert first.prompt_cache.stats()["hits"] >= 1
+
+
+def test_the_prompt_cache_is_bounded_by_bytes_and_evicts_the_least_recent():
+    decoder = _with_prompt_cache(capacity_bytes=3 * 40 * 72)  # about three 40-token snapshots
+    prompts = [[i] + [(j * 3 + i) % 14 for j in range(39)] for i in range(6)]  # six distinct first tokens
+    for ids in prompts:
+        decoder.generate(ids, max_new_tokens=2, num_draft_tokens=0)
+        assert decoder.prompt_cache.bytes <= decoder.prompt_cache.capacity
+    stats = decoder.prompt_cache.stats()
+    assert stats["evictions"] >= 3 and stats["entries"] <= 3
+    entry, shared = decoder.prompt_cache.lookup("target", prompts[-1])
+    assert shared >= 39
+    entry, shared = decoder.prompt_cache.lookup("target", prompts[0])
+    assert entry is None or shared < 39  # the oldest was evicted
+
+
+def test_an_entry_of_another_bundle_or_role_is_never_used():
+    decoder = _with_prompt_cache(1 << 20, identity="bundle-a")
+    prompt_ids = decoder.codec.encode(PROMPT * 3)
+    decoder.generate(prompt_ids, max_new_tokens=4, num_draft_tokens=0)
+    assert decoder.prompt_cache.lookup("target", prompt_ids)[0] is not None
+    assert decoder.prompt_cache.lookup("draft", prompt_ids)[0] is None  # the target's rows are not the draft's
+    decoder.prompt_cache.identity = "bundle-b"  # as if another bundle shared the cache
+    assert decoder.prompt_cache.lookup("target", prompt_ids)[0] is None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("form", ["tiny_bundle", "tiny_standard_bundle"])
+def test_a_restored_snapshot_returns_the_cold_tokens_on_exported_graphs(form, request):
+    """Real KV rows: one worker's snapshot restored into another worker's cache by one copy."""
+    from specdec import SpeculativeDecoder
+
+    bundle = request.getfixturevalue(form)
+    first = SpeculativeDecoder.load(bundle, cache_ram_mib=16)
+    cold = SpeculativeDecoder.load(bundle)
+    prompt_ids = first.codec.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return")
+    for mode in (dict(num_draft_tokens=2, proposer="draft"), dict(tree="2,1"), dict(num_draft_tokens=0)):
+        reply = first.generate(prompt_ids, max_new_tokens=12, **mode)
+        turn = prompt_ids + reply.token_ids + prompt_ids[:4]
+        got = first.fork().generate(turn, max_new_tokens=12, **mode)
+        assert got.token_ids == cold.generate(turn, max_new_tokens=12, **mode).token_ids, mode
+        assert got.stats.cached_tokens >= len(prompt_ids) and got.stats.draft_cached_tokens >= (
+            len(prompt_ids) if mode.get("num_draft_tokens") != 0 else 0)
+    stats = first.prompt_cache.stats()
+    assert stats["hits"] >= 3 and 0 < stats["bytes"] <= 16 * 2**20

@@ -19,6 +19,7 @@ Every pass goes through a ``TimedRunner`` (runtime/timing.py) that feeds the sta
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from pathlib import Path
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
 from specdec.decoding.cost_model import Costs, calibrate
 from specdec.runners.fused import make_runner
+from specdec.decoding.prompt_cache import PromptCache
 from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
 from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_TREE_NODES, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
@@ -44,7 +46,8 @@ DEFAULT_MAX_CONTEXT = 2048
 class SpeculativeDecoder:
     """Load a bundle once; ``generate`` / ``stream`` many requests (one at a time per decoder; ``fork`` for more)."""
 
-    def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None):
+    def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None,
+                 prompt_cache: PromptCache | None = None):
         self.bundle_dir = bundle_dir
         self.manifest = manifest
         self.target = target
@@ -55,14 +58,19 @@ class SpeculativeDecoder:
         self.limits = Limits(manifest.target.vocab_size, self.max_context, draft is not None)
         self._busy = threading.Lock()
         self._costs = costs
+        self.prompt_cache = prompt_cache  # shared by every fork (None: off)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
-             verify: bool = True) -> "SpeculativeDecoder":
+             verify: bool = True, cache_ram_mib: float = 0) -> "SpeculativeDecoder":
         """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
 
         ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
+        ``cache_ram_mib``: a prompt cache in host RAM of that many MiB, shared by every fork (0: none): KV
+        snapshots of recent prefixes of both models that a later request sharing a prefix restores by one copy.
         """
+        if isinstance(cache_ram_mib, bool) or not isinstance(cache_ram_mib, (int, float)) or cache_ram_mib < 0:
+            raise ValueError(f"cache_ram_mib must be a number >= 0, got {cache_ram_mib!r}")
         root = Path(bundle_dir)
         manifest = open_bundle(root, verify=verify, hash_cache=default_hash_cache())
         if max_context is None:
@@ -84,13 +92,16 @@ class SpeculativeDecoder:
                 for role, spec in reversed(manifest.models().items())
             }
         codec = TextCodec(inside(root, manifest.tokenizer_file))
-        return cls(root, manifest, runners["target"], runners.get("draft"), codec)
+        identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
+        return cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache)
 
     def fork(self) -> "SpeculativeDecoder":
         """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
         return SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
-                                  self.draft.fork() if self.draft is not None else None, self.codec, self._costs)
+                                  self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
+                                  self.prompt_cache)
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
@@ -236,9 +247,9 @@ class SpeculativeDecoder:
             draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             started = time.perf_counter()
             leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
-            stats.cached_tokens = reuse_cache(target, state.tokens, leave)
+            stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
             if draft is not None:
-                stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave)
+                stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache)
             stats.prefill_seconds = time.perf_counter() - started
             stats.verify_seconds = stats.draft_seconds = 0.0
             started = time.perf_counter()
@@ -257,6 +268,10 @@ class SpeculativeDecoder:
             tail = state.text.finish()
             if tail:
                 yield tail
+            if self.prompt_cache is not None:  # after the last piece: a client never waits for the copy
+                self.prompt_cache.store("target", self.target)
+                if uses_draft:
+                    self.prompt_cache.store("draft", self.draft)
 
     def _one_round(self, target, draft, state: RequestState, rule: TokenRule, plan: ProposalPlan) -> Round:
         request = state.request
@@ -269,7 +284,7 @@ class SpeculativeDecoder:
         return chain_round(target, draft, state, rule, plan.propose(state.tokens, budget, lag))
 
 
-def reuse_cache(runner, tokens: list, leave: int = 2) -> int:
+def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None) -> int:
     """Keep the longest prefix of ``tokens`` the runner's cache holds, then compute the rest (but the last
     one or two, which the first round feeds). Returns the number of prompt tokens reused.
 
@@ -277,6 +292,11 @@ def reuse_cache(runner, tokens: list, leave: int = 2) -> int:
     by the same graph whatever the pass width (verify rows equal one-token rows bit for bit, checked at
     export), so a warm cache gives the same tokens as a cold one."""
     held = min(runner.held_prefix(tokens), len(tokens) - 1)
+    if prompt_cache is not None:  # another request's snapshot may share more than this cache does
+        entry, shared = prompt_cache.lookup(runner.role, tokens[: len(tokens) - 1], better_than=held)
+        if entry is not None:
+            runner.restore(entry, shared)
+            held = shared
     runner.truncate(held)
     catch_up(runner, tokens, leave)
     return held

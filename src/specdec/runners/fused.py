@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.contract.manifest import BundleError, ModelSpec
-from specdec.runners.standard import ModelRunner, attach_session, providers_for
+from specdec.runners.standard import ModelRunner, _bind, attach_session, providers_for
 from specdec.runners.runner import Runner
 
 # The additive bias where the boolean mask says "may not attend" (Hugging Face's masked value).
@@ -62,6 +62,7 @@ class FusedRunner(Runner):
         # max_context slots plus the graph's scratch slots (ModelSpec.attention_scratch_rows), written after the new rows
         slots = max_context + spec.attention_scratch_rows
         self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, slots, spec.head_dim), np.float32)
+        self._slot_bytes = self.cache.nbytes // slots
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
         self._bias = np.zeros(max_step_tokens * max_context, dtype=np.float32)
@@ -127,8 +128,9 @@ class FusedRunner(Runner):
         # fancy indexing copies the source rows first, so overlapping moves are safe
         self.cache[:, :, :, :, first_slot : first_slot + count] = self.cache[:, :, :, :, sources]
 
+    def _kv_rows(self, count: int) -> np.ndarray:
+        return self.cache[:, :, :, :, :count].copy()
 
-def _bind(bind, name: str, array: np.ndarray) -> None:
-    """Bind a contiguous numpy array by pointer: onnxruntime reads or writes it in place."""
-    assert array.flags.c_contiguous, name
-    bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    def _set_kv_rows(self, rows: np.ndarray, count: int) -> None:
+        self.cache[:, :, :, :, :count] = rows[:, :, :, :, :count]
+

@@ -66,6 +66,14 @@ class Runner:
     def _move_kv(self, sources: np.ndarray, first_slot: int) -> None:
         raise NotImplementedError
 
+    def _kv_rows(self, count: int) -> np.ndarray:
+        """A host copy of the keys/values of slots [0, count) (the backend's own layout)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot snapshot its KV cache")
+
+    def _set_kv_rows(self, rows: np.ndarray, count: int) -> None:
+        """Write the first ``count`` slots of a ``_kv_rows`` copy back into slots [0, count)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore a KV snapshot")
+
     # ------------------------------------------------------------ the protocol
     def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
         """Run T new tokens after the valid past; returns logits [T, V] (valid until the next call).
@@ -124,6 +132,30 @@ class Runner:
     def reset(self) -> None:
         self.length = 0
 
+    _slot_bytes: int | None = None  # host bytes of one slot's keys/values (set by backends that can snapshot)
+
+    def snapshot_bytes(self, count: int) -> int:
+        """What ``snapshot`` of ``count`` slots will allocate (NotImplementedError: this backend cannot)."""
+        if self._slot_bytes is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot snapshot its KV cache")
+        return count * (self._slot_bytes + 8)
+
+    def snapshot(self) -> "KVSnapshot":
+        """A host copy of the cache's chain prefix (slots at positions 0, 1, ...) with the token ids it holds."""
+        count = self.length
+        bad = np.flatnonzero(self.slot_positions[:count] != np.arange(count))
+        count = int(bad[0]) if len(bad) else count
+        return KVSnapshot(self.slot_ids[:count].copy(), self._kv_rows(count))
+
+    def restore(self, snapshot: "KVSnapshot", count: int) -> None:
+        """Make the cache hold the snapshot's first ``count`` tokens (one copy); the rest is dropped."""
+        if not 0 <= count <= min(len(snapshot.token_ids), self.max_context):
+            raise ValueError(f"cannot restore {count} slots from a snapshot of {len(snapshot.token_ids)}")
+        self._set_kv_rows(snapshot.rows, count)
+        self.slot_ids[:count] = snapshot.token_ids[:count]
+        self.slot_positions[:count] = np.arange(count)
+        self.length = count
+
     def held_prefix(self, token_ids) -> int:
         """The number of leading ``token_ids`` whose keys/values this cache holds, each at its own position.
 
@@ -139,6 +171,17 @@ class Runner:
     def fork(self) -> "Runner":
         """A runner on the same weights with its own cache (for concurrent requests)."""
         raise ValueError(f"{type(self).__name__} cannot be forked: serve one request at a time on this backend")
+
+
+class KVSnapshot:
+    """The keys/values of a cache's first ``len(token_ids)`` slots, copied to host memory."""
+
+    __slots__ = ("token_ids", "rows", "nbytes")
+
+    def __init__(self, token_ids: np.ndarray, rows: np.ndarray):
+        self.token_ids = token_ids  # [N] int64
+        self.rows = rows  # the backend's layout, N slots
+        self.nbytes = int(token_ids.nbytes + rows.nbytes)
 
 
 _CHAIN_CACHE: dict = {}

@@ -99,6 +99,7 @@ class ModelRunner(Runner):
         store = DeviceKV if provider in ("cuda", "tensorrt") else HostKV
         self.kv = store(spec.num_layers, max_context, spec.num_kv_heads, spec.head_dim, kv_dtype)
         self.cache = getattr(self.kv, "array", None)  # the host array (HostKV), for inspection
+        self._slot_bytes = None if self.cache is None else self.cache.nbytes // max_context
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
         self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
@@ -146,6 +147,16 @@ class ModelRunner(Runner):
     def _move_kv(self, sources, first_slot: int) -> None:
         self.kv.move_rows(sources, first_slot)
 
+    def _kv_rows(self, count: int) -> np.ndarray:
+        if self.cache is None:
+            raise NotImplementedError("device KV caches are not snapshotted to host memory")
+        return self.cache[:, :, :, :count].copy()
+
+    def _set_kv_rows(self, rows: np.ndarray, count: int) -> None:
+        if self.cache is None:
+            raise NotImplementedError("device KV caches are not restored from host memory")
+        self.cache[:, :, :, :count] = rows[:, :, :, :count]
+
 
 def attach_session(runner, onnx_path: str, provider: str, threads: int | None, session) -> None:
     """Give ``runner`` its onnxruntime session: ``session`` when forking (weights loaded once), else a new one
@@ -158,6 +169,10 @@ def attach_session(runner, onnx_path: str, provider: str, threads: int | None, s
 
 
 def _bind(bind, name: str, array: np.ndarray) -> None:
-    """Bind a contiguous numpy view by pointer: onnxruntime reads or writes it in place."""
-    assert array.flags.c_contiguous, name
+    """Bind a contiguous numpy view by pointer: onnxruntime reads or writes it in place.
+
+    An explicit check, not an ``assert`` (``python -O`` strips those): a strided view bound by pointer
+    would be read and written as if it were contiguous, silently corrupting the cache."""
+    if not array.flags.c_contiguous:
+        raise RuntimeError(f"{name}: refusing to bind a non-contiguous array by pointer")
     bind(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)

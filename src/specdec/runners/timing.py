@@ -34,6 +34,9 @@ class TimedRunner:
     def keep_path(self, sources, first_slot: int) -> None:
         self.runner.keep_path(sources, first_slot)
 
+    def restore(self, snapshot, count: int) -> None:
+        self.runner.restore(snapshot, count)
+
     def held_prefix(self, token_ids) -> int:
         return self.runner.held_prefix(token_ids)
 

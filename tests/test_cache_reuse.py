@@ -194,3 +194,19 @@ def test_a_restored_snapshot_returns_the_cold_tokens_on_exported_graphs(form, re
             len(prompt_ids) if mode.get("num_draft_tokens") != 0 else 0)
     stats = first.prompt_cache.stats()
     assert stats["hits"] >= 3 and 0 < stats["bytes"] <= 16 * 2**20
+
+
+# ----------------------------------------------------------------------------- the draft's prefill on long prompts
+def test_the_draft_is_skipped_when_its_prefill_costs_more_than_it_can_save(monkeypatch):
+    """Default auto hybrid on a long prompt with a short answer: lookup alone proposes (the same tokens); on a
+    chat's next turn the draft's cache holds the history, its prefill is small, and the draft runs again."""
+    decoder = scripted_decoder(max_context=1024)
+    monkeypatch.setattr(decoder, "_observe_prefill", lambda computed, seconds: None)
+    decoder._prefill_per_token = 0.2  # the scripted costs' units: a T=1 target pass costs 1.0
+    long_prompt = [(j * 5 + j // 7) % 15 for j in range(600)]
+    skipped = decoder.generate(long_prompt, max_new_tokens=20)
+    assert skipped.stats.draft_skipped and skipped.stats.draft_forwards == 0
+    assert skipped.token_ids == decoder.fork().generate(long_prompt, max_new_tokens=20, num_draft_tokens=0).token_ids
+    drafted = decoder.generate(long_prompt[:40], max_new_tokens=20)
+    assert not drafted.stats.draft_skipped and drafted.stats.draft_forwards > 0
+    assert not decoder.generate(long_prompt, max_new_tokens=20, proposer="draft").stats.draft_skipped  # asked for

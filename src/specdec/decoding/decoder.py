@@ -41,6 +41,7 @@ from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
 
 DEFAULT_MAX_CONTEXT = 2048
+DRAFT_SAVING = 0.1  # the fraction of decode time the draft model is expected to save over lookup alone
 
 
 class SpeculativeDecoder:
@@ -59,6 +60,7 @@ class SpeculativeDecoder:
         self._busy = threading.Lock()
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
+        self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -231,8 +233,8 @@ class SpeculativeDecoder:
             request, stats = state.request, state.stats
             uses_draft = plan_uses_draft(request, self.draft is not None)
             costs = self._measured_costs() if plan_needs_costs(request, self.draft is not None) else None
-            plan = ProposalPlan(request, self.draft is not None, self.max_context, costs)
             rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng)
+            plan = None
 
             def on_pass(role: str, tokens: int, seconds: float) -> None:
                 if role == "target":
@@ -241,13 +243,19 @@ class SpeculativeDecoder:
                 else:
                     stats.draft_seconds += seconds
                     stats.draft_forwards += 1
-                plan.observe_pass(role, tokens, seconds)
+                if plan is not None:
+                    plan.observe_pass(role, tokens, seconds)
 
             target = TimedRunner(self.target, "target", on_pass)
-            draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             started = time.perf_counter()
             leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
             stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
+            self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
+            if uses_draft and self._draft_prefill_loses(request, state.tokens, leave, costs):
+                uses_draft = False  # this request proposes by lookup alone: the same tokens, sooner
+                stats.draft_skipped = True
+            plan = ProposalPlan(request, uses_draft, self.max_context, costs)
+            draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             if draft is not None:
                 stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache)
             stats.prefill_seconds = time.perf_counter() - started
@@ -272,6 +280,28 @@ class SpeculativeDecoder:
                 self.prompt_cache.store("target", self.target)
                 if uses_draft:
                     self.prompt_cache.store("draft", self.draft)
+
+    def _observe_prefill(self, computed: int, seconds: float) -> None:
+        """Keep a running estimate of the target's prefill seconds per token (from prefills of 32+ tokens)."""
+        if computed >= 32:
+            rate = seconds / computed
+            self._prefill_per_token = rate if self._prefill_per_token is None else 0.7 * self._prefill_per_token + 0.3 * rate
+
+    def _draft_prefill_loses(self, request: Request, tokens: list, leave: int, costs: Costs | None) -> bool:
+        """Whether prefilling the draft over what its cache lacks would cost more than the draft can save.
+
+        Only for the default choice (auto hybrid chains): lookup alone then proposes. The draft's prefill is
+        estimated from the target's measured prefill rate scaled by the draft/target step ratio; its saving
+        as DRAFT_SAVING of the decode time of max_new_tokens target steps (the draft's measured gain over
+        lookup alone on a 2-core CPU was about 10%, docs/benchmarks.md)."""
+        if costs is None or not request.auto or request.tree is not None or request.proposer != "hybrid":
+            return False
+        missing = len(tokens) - leave - self.draft.held_prefix(tokens)
+        if self.prompt_cache is not None:
+            missing = min(missing, len(tokens) - leave - self.prompt_cache.peek("draft", tokens))
+        per_token = self._prefill_per_token if self._prefill_per_token is not None else costs.verify[0] / 5
+        draft_prefill = max(missing, 0) * per_token * costs.draft_step / costs.verify[0]
+        return draft_prefill > request.max_new_tokens * costs.verify[0] * DRAFT_SAVING
 
     def _one_round(self, target, draft, state: RequestState, rule: TokenRule, plan: ProposalPlan) -> Round:
         request = state.request

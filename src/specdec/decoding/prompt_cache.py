@@ -61,6 +61,13 @@ class PromptCache:
             self.restored_tokens += best_len
             return best, best_len
 
+    def peek(self, role: str, token_ids) -> int:
+        """The longest prefix of ``token_ids`` an entry holds, without counting a hit or touching the LRU order."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        with self._lock:
+            return max((common_prefix(entry.token_ids, ids) for key, entry in self._entries.items()
+                        if key[0] == self.identity and key[1] == role), default=0)
+
     def store(self, role: str, runner) -> bool:
         """Keep a snapshot of ``runner``'s cache unless an entry already holds it; evicts LRU entries for room."""
         length = runner.length

@@ -34,6 +34,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys/values the target's cache already held (not computed)
     draft_cached_tokens: int = 0  # the same for the draft's cache (when the request uses the draft)
+    draft_skipped: bool = False  # the draft's prefill would have cost more than it saves: lookup alone proposed
     new_tokens: int = 0
     rounds: int = 0
     target_forwards: int = 0

@@ -7,7 +7,6 @@ decoding, and prints both speeds. Greedy, so both outputs must be the same token
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,7 +16,9 @@ PROMPT = '''def fibonacci(n: int) -> int:
 
 
 def default_bundle() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "bundles" / "qwen2.5-coder-int4"
+    from specdec.contract.bundle import cache_dir
+
+    return cache_dir() / "bundles" / "qwen2.5-coder-int4"
 
 
 def ensure_bundle(bundle: Path) -> None:

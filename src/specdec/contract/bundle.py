@@ -98,8 +98,14 @@ def _valid_entry(entry) -> bool:
             and isinstance(entry[1], str) and len(entry[1]) == 64)
 
 
+def cache_dir() -> Path:
+    """specdec's per-user cache folder (verified hashes, measured pass costs, joined model files, the demo's
+    bundle): ``$SPECDEC_CACHE``, else ~/.cache/specdec."""
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
 def default_hash_cache() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "verified-hashes.json"
+    return cache_dir() / "verified-hashes.json"
 
 
 def open_bundle(bundle_dir: str | Path, verify: bool = True, hash_cache: Path | None = None) -> Manifest:

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
-from specdec.decoding.cost_model import Costs, calibrate
+from specdec.decoding.calibration_store import calibration_key, load_costs, save_costs
+from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, calibrate
 from specdec.runners.fused import make_runner
 from specdec.decoding.prompt_cache import PromptCache
 from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
@@ -61,6 +62,7 @@ class SpeculativeDecoder:
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
+        self._calibration_key: str | None = None  # where measured costs are stored on disk (load() sets it)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -96,14 +98,19 @@ class SpeculativeDecoder:
         codec = TextCodec(inside(root, manifest.tokenizer_file))
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        return cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache)
+        decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache)
+        decoder._calibration_key = calibration_key(identity, provider, threads, AUTO_MAX_DRAFT_TOKENS + 1,
+                                                   CALIBRATION_CONTEXT)
+        return decoder
 
     def fork(self) -> "SpeculativeDecoder":
         """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
-        return SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
-                                  self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
-                                  self.prompt_cache)
+        forked = SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
+                                    self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
+                                    self.prompt_cache)
+        forked._calibration_key = self._calibration_key
+        return forked
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
@@ -111,8 +118,18 @@ class SpeculativeDecoder:
             return self._measured_costs()
 
     def _measured_costs(self) -> Costs:
+        """Costs measured once per machine: from the on-disk store when a process with the same bundle, CPU,
+        onnxruntime, provider and threads measured them (decoding/calibration_store.py), else now (and saved)."""
         if self._costs is None:
-            self._costs = calibrate(self.target, self.draft, max_tokens=AUTO_MAX_DRAFT_TOKENS + 1)
+            key = self._calibration_key
+            stored = load_costs(key) if key is not None else None
+            if stored is not None and len(stored.verify) == AUTO_MAX_DRAFT_TOKENS + 1 and (
+                    self.draft is None or stored.draft_step > 0):
+                self._costs = stored
+            else:
+                self._costs = calibrate(self.target, self.draft, max_tokens=AUTO_MAX_DRAFT_TOKENS + 1)
+                if key is not None:
+                    save_costs(key, self._costs)
         return self._costs
 
     # ----------------------------------------------------------------- public API

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.contract.bundle import cache_dir
 from specdec.export.destination import dead_leftovers
 
 
@@ -54,8 +55,6 @@ class PairError(ValueError):
     pass
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
 
 
 def _part_paths(spec: ChunkedGGUF) -> list[Path]:

@@ -1,0 +1,72 @@
+"""Measured pass costs on disk, so ``auto`` calibrates once per machine, not once per process or worker.
+
+An entry is keyed by everything the costs depend on: the bundle's identity (the hash of its manifest,
+which hashes every file), the CPU model, the onnxruntime version, the provider, the thread count and the
+calibration's shape. A later process with the same key starts ``auto`` at once. A file that is missing,
+malformed or of another layout is ignored (and rewritten on the next save); a wrong entry is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+from specdec.contract.bundle import cache_dir
+from specdec.decoding.cost_model import Costs
+
+log = logging.getLogger(__name__)
+FILE_NAME = "pass-costs.json"
+LAYOUT = 1
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int) -> str:
+    import onnxruntime
+
+    return json.dumps({"bundle": bundle_identity, "cpu": cpu_model(), "onnxruntime": onnxruntime.__version__,
+                       "provider": provider, "threads": threads or os.cpu_count(), "max_tokens": max_tokens,
+                       "context": context}, sort_keys=True)
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("layout") != LAYOUT or not isinstance(data.get("entries"), dict):
+        return {}
+    return data["entries"]
+
+
+def load_costs(key: str, path: Path | None = None) -> Costs | None:
+    entry = _read(path or cache_dir() / FILE_NAME).get(key)
+    try:
+        return Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]))
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def save_costs(key: str, costs: Costs, path: Path | None = None) -> None:
+    path = path or cache_dir() / FILE_NAME
+    entries = _read(path)
+    entries[key] = {"draft_step": costs.draft_step, "verify": list(costs.verify)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+            json.dump({"layout": LAYOUT, "entries": entries}, handle, indent=1)
+        os.replace(handle.name, path)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError as exc:
+        log.warning("could not save measured pass costs to %s: %s", path, exc)

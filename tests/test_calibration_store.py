@@ -1,0 +1,50 @@
+"""Measured pass costs on disk: calibrate once per machine; a stale or malformed file is ignored and rewritten."""
+
+from __future__ import annotations
+
+import json
+
+from specdec.decoding.calibration_store import calibration_key, load_costs, save_costs
+from specdec.decoding.cost_model import Costs
+
+COSTS = Costs(draft_step=0.02, verify=(0.07, 0.08, 0.1))
+
+
+def test_a_saved_entry_is_found_by_the_same_key_only(tmp_path):
+    path = tmp_path / "costs.json"
+    key = calibration_key("bundle-a", "cpu", 2, 9, 256)
+    save_costs(key, COSTS, path)
+    assert load_costs(key, path) == COSTS
+    for other in (calibration_key("bundle-b", "cpu", 2, 9, 256), calibration_key("bundle-a", "cpu", 1, 9, 256),
+                  calibration_key("bundle-a", "cuda", 2, 9, 256)):
+        assert load_costs(other, path) is None
+
+
+def test_a_malformed_or_foreign_file_is_ignored_and_rewritten(tmp_path):
+    path = tmp_path / "costs.json"
+    key = calibration_key("bundle-a", "cpu", 2, 9, 256)
+    for content in ("not json", "[]", json.dumps({"layout": 99, "entries": {}}),
+                    json.dumps({"layout": 1, "entries": {key: {"draft_step": "x", "verify": [0.1]}}}),
+                    json.dumps({"layout": 1, "entries": {key: {"draft_step": 0.1, "verify": [-1.0]}}})):
+        path.write_text(content)
+        assert load_costs(key, path) is None
+        save_costs(key, COSTS, path)
+        assert load_costs(key, path) == COSTS
+
+
+def test_a_second_process_starts_auto_without_calibrating(tiny_bundle, monkeypatch, tmp_path):
+    from specdec import SpeculativeDecoder
+    from specdec.decoding import decoder as decoder_module
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    first = SpeculativeDecoder.load(tiny_bundle)
+    measured = first.costs()
+    assert (tmp_path / "pass-costs.json").is_file()
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(decoder_module, "calibrate", no_calibration)
+    second = SpeculativeDecoder.load(tiny_bundle)  # as a new process would: nothing in memory
+    assert second.costs() == measured
+    second.generate("def f(x):", max_new_tokens=4, num_draft_tokens="auto")

@@ -48,3 +48,16 @@ def test_a_second_process_starts_auto_without_calibrating(tiny_bundle, monkeypat
     second = SpeculativeDecoder.load(tiny_bundle)  # as a new process would: nothing in memory
     assert second.costs() == measured
     second.generate("def f(x):", max_new_tokens=4, num_draft_tokens="auto")
+
+
+def test_threads_are_honoured_or_refused_never_ignored(tiny_bundle):
+    """The process's thread pool is sized by its first load; another size later is a one-line error."""
+    import subprocess
+    import sys
+
+    code = (f"from specdec import SpeculativeDecoder as D; D.load({str(tiny_bundle)!r}, threads=1)\n"
+            f"D.load({str(tiny_bundle)!r}, threads=1); D.load({str(tiny_bundle)!r})\n"
+            f"try:\n    D.load({str(tiny_bundle)!r}, threads=2)\nexcept ValueError as exc:\n    print('refused:', exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "refused: threads=2: this process's onnxruntime thread pool was already created with 1 threads" in result.stdout

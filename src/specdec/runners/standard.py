@@ -66,6 +66,12 @@ def session_options(threads: int | None = None):
             _GLOBAL_POOL["ok"] = True
         except Exception:  # the environment already exists (another library made a session first)
             _GLOBAL_POOL["ok"] = False
+        _GLOBAL_POOL["threads"] = threads
+    elif _GLOBAL_POOL["ok"] and threads is not None and threads != _GLOBAL_POOL["threads"]:
+        # the pool is the process's and is sized once: honouring a new size is impossible, ignoring it silent
+        raise ValueError(f"threads={threads}: this process's onnxruntime thread pool was already created with "
+                         f"{_GLOBAL_POOL['threads'] or 'one thread per physical core'} threads by the first load; "
+                         "load with the same threads (or threads=None), or in a new process")
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

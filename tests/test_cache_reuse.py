@@ -210,3 +210,15 @@ def test_the_draft_is_skipped_when_its_prefill_costs_more_than_it_can_save(monke
     drafted = decoder.generate(long_prompt[:40], max_new_tokens=20)
     assert not drafted.stats.draft_skipped and drafted.stats.draft_forwards > 0
     assert not decoder.generate(long_prompt, max_new_tokens=20, proposer="draft").stats.draft_skipped  # asked for
+
+
+def test_a_tree_node_s_row_is_never_reused_by_another_request():
+    """A tree pass masks columns mid-row (a second sibling skips the first), which may round differently from the
+    prefill a cold cache would run: after compaction such a slot holds the right token at the right position,
+    yet it is not offered to the next request. Planted: without the rule held_prefix would say 2."""
+    runner = ScriptedRunner(scripted_decoder().target.model)
+    runner.forward([1, 2, 3], [0, 1, 1], parents=[-1, 0, 0])  # node 2 is the second child of node 0
+    runner.commit(3)
+    runner.keep_path([0, 2], 0)  # the accepted path: tokens 1, 3 at positions 0, 1
+    assert runner.slot_ids[:2].tolist() == [1, 3] and runner.slot_positions[:2].tolist() == [0, 1]
+    assert runner.held_prefix([1, 3]) == 1

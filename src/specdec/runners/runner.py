@@ -53,6 +53,9 @@ class Runner:
         self.length = 0
         self.slot_positions = np.zeros(max_context, dtype=np.int64)
         self.slot_ids = np.full(max_context, -1, dtype=np.int64)
+        # a slot written by a chain row (it saw every earlier slot and nothing else): what a prefill computes, bit for
+        # bit. A tree node's row masks columns mid-row, which can round differently: never reused by another request
+        self.slot_exact = np.zeros(max_context, dtype=bool)
         self.forward_count = 0
         self._mask = np.zeros(max_step_tokens * max_context, dtype=bool)
         self._sliding = np.zeros_like(self._mask) if spec.has_sliding_mask else None
@@ -102,6 +105,7 @@ class Runner:
             logits = expand_logits_into(logits, self.kept_ids, self._full_logits[:count])
         self.slot_positions[past:total] = pos
         self.slot_ids[past:total] = ids
+        self.slot_exact[past:total] = _chain_rows(visible, visible_past)
         self.forward_count += 1
         return logits
 
@@ -127,6 +131,7 @@ class Runner:
             self._move_kv(sources, first_slot)
             self.slot_positions[first_slot : first_slot + len(sources)] = self.slot_positions[sources]
             self.slot_ids[first_slot : first_slot + len(sources)] = self.slot_ids[sources]
+            self.slot_exact[first_slot : first_slot + len(sources)] = self.slot_exact[sources]
         self.length = first_slot + len(sources)
 
     def reset(self) -> None:
@@ -143,7 +148,7 @@ class Runner:
     def snapshot(self) -> "KVSnapshot":
         """A host copy of the cache's chain prefix (slots at positions 0, 1, ...) with the token ids it holds."""
         count = self.length
-        bad = np.flatnonzero(self.slot_positions[:count] != np.arange(count))
+        bad = np.flatnonzero((self.slot_positions[:count] != np.arange(count)) | ~self.slot_exact[:count])
         count = int(bad[0]) if len(bad) else count
         return KVSnapshot(self.slot_ids[:count].copy(), self._kv_rows(count))
 
@@ -154,18 +159,21 @@ class Runner:
         self._set_kv_rows(snapshot.rows, count)
         self.slot_ids[:count] = snapshot.token_ids[:count]
         self.slot_positions[:count] = np.arange(count)
+        self.slot_exact[:count] = True
         self.length = count
 
     def held_prefix(self, token_ids) -> int:
-        """The number of leading ``token_ids`` whose keys/values this cache holds, each at its own position.
+        """The number of leading ``token_ids`` whose keys/values this cache holds, each at its own position,
+        as a chain pass computed them.
 
-        Every write goes through ``forward`` / ``keep_path``, which record the token and position of each
-        slot, so this is exact: a slot counts only if it holds that token at that position."""
+        Every write goes through ``forward`` / ``keep_path``, which record the token, position and pass kind
+        of each slot, so this is exact: a slot counts only if it holds that token at that position, written
+        by a chain pass (a tree pass's rows may round differently from the prefill a cold cache would run)."""
         count = min(len(token_ids), self.length)
         if count == 0:
             return 0
         ids = np.asarray(token_ids[:count], dtype=np.int64)
-        same = (self.slot_ids[:count] == ids) & (self.slot_positions[:count] == np.arange(count))
+        same = (self.slot_ids[:count] == ids) & (self.slot_positions[:count] == np.arange(count)) & self.slot_exact[:count]
         return count if same.all() else int(np.argmin(same))
 
     def fork(self) -> "Runner":
@@ -182,6 +190,16 @@ class KVSnapshot:
         self.token_ids = token_ids  # [N] int64
         self.rows = rows  # the backend's layout, N slots
         self.nbytes = int(token_ids.nbytes + rows.nbytes)
+
+
+def _chain_rows(visible: np.ndarray, visible_past: np.ndarray | None) -> np.ndarray:
+    """[T] bool: which rows of a pass see exactly a causal chain (all past slots, new tokens 0..i).
+    visible: [T, T] bool (row i sees new token j); visible_past: [T, past] bool or None (= all)."""
+    chain = np.array_equal(visible, np.tril(np.ones_like(visible))) if visible.ndim == 2 else True
+    if chain and visible_past is None:
+        return np.ones(len(visible), dtype=bool)
+    rows = (visible == np.tril(np.ones_like(visible))).all(axis=1)
+    return rows if visible_past is None else rows & visible_past.all(axis=1)
 
 
 _CHAIN_CACHE: dict = {}

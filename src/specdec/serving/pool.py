@@ -5,16 +5,21 @@ sessions (the weights are in memory once) and own their KV caches and IO binding
 streams cost N caches, not N models. A request is a *job*: a function ``work(decoder)`` returning an
 iterator (e.g. ``decoder.stream(...)``); the worker forwards each item to the job's asyncio queue.
 Cancelling a job (client gone, shutdown) makes its worker close the iterator after the current item
-(``decoder.stream`` stops between rounds) and take the next job. Boundary: no HTTP here (server.py).
+(``decoder.stream`` stops between rounds) and take the next job.
+
+Routing: jobs start in arrival order; a job that names its prompt's token ids goes to the free worker
+whose KV cache already holds the longest prefix of them (``decoder.cached_prefix``), so a conversation's
+next turn, or an editor's next infill on the same file, computes only what is new. Boundary: no HTTP
+here (handlers.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -53,9 +58,12 @@ class _Failure:
 class Job:
     """One request's work and the asyncio side of its results."""
 
-    def __init__(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop):
+    def __init__(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop,
+                 prompt_ids: Sequence[int] | None = None):
         self.work = work
         self.loop = loop
+        self.prompt_ids = prompt_ids  # for routing to the worker whose cache shares the most (None: any)
+        self.worker: int | None = None  # the index of the worker that took it
         self.items: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.monotonic()
@@ -81,28 +89,35 @@ class Job:
 
 
 class DecoderPool:
-    """``options.workers`` threads, each with its own fork of ``decoder``; a FIFO queue of jobs."""
+    """``options.workers`` threads, each with its own fork of ``decoder``; jobs start in arrival order, each on
+    the free worker whose cache holds the longest prefix of its prompt."""
 
     def __init__(self, decoder, options: PoolOptions | None = None):
         self.options = options or PoolOptions()
         self.decoder = decoder
         self.decoders = [decoder] + [decoder.fork() for _ in range(self.options.workers - 1)]
-        self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._pending: deque = deque()  # jobs not yet given to a worker, oldest first
+        self._assigned: list = [None] * len(self.decoders)  # worker index -> its job (None: free)
+        self._wake = [threading.Condition(self._lock) for _ in self.decoders]
+        self._stopping = False
         self._active: set = set()
         self.waiting = 0  # jobs queued, not yet taken by a worker
         self.busy = 0  # workers running a job
         self.closed = False
         self.cancelled_jobs = 0
-        self._threads = [threading.Thread(target=self._serve, args=(d,), name=f"specdec-worker-{i}", daemon=True)
-                         for i, d in enumerate(self.decoders)]
+        self.routed_to_cache = 0  # jobs given to a worker whose cache already held part of their prompt
+        self._threads = [threading.Thread(target=self._serve, args=(i,), name=f"specdec-worker-{i}", daemon=True)
+                         for i in range(len(self.decoders))]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop | None = None) -> Job:
-        """Queue ``work``; PoolBusy when every worker is busy and ``max_queue`` jobs already wait."""
-        job = Job(work, loop or asyncio.get_running_loop())
+    def submit(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop | None = None,
+               prompt_ids: Sequence[int] | None = None) -> Job:
+        """Queue ``work``; PoolBusy when every worker is busy and ``max_queue`` jobs already wait.
+        ``prompt_ids``: the request's prompt, to route it to the free worker that has most of it cached."""
+        job = Job(work, loop or asyncio.get_running_loop(), prompt_ids)
         with self._lock:
             if self.closed:
                 raise PoolClosed("the server is shutting down")
@@ -111,15 +126,44 @@ class DecoderPool:
                                f"(--max-queue {self.options.max_queue})")
             self.waiting += 1
             self._active.add(job)
-        self._jobs.put(job)
+            self._pending.append(job)
+            self._dispatch()
         return job
 
-    def _serve(self, decoder) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
+    def _dispatch(self) -> None:
+        """Give the oldest pending jobs to free workers, each to the one sharing the longest prompt prefix
+        (the lowest index on a tie). Called with the lock held; a free worker's decoder is idle, so asking
+        its cache is safe."""
+        while self._pending and not self._stopping:
+            free = [i for i, job in enumerate(self._assigned) if job is None]
+            if not free:
                 return
+            job = self._pending.popleft()
+            shared = {i: self._cached_prefix(i, job.prompt_ids) for i in free}
+            best = max(free, key=lambda i: (shared[i], -i))
+            self.routed_to_cache += shared[best] > 0
+            job.worker = best
+            self._assigned[best] = job
+            self._wake[best].notify()
+
+    def _cached_prefix(self, index: int, prompt_ids) -> int:
+        if not prompt_ids:
+            return 0
+        held = getattr(self.decoders[index], "cached_prefix", None)
+        try:
+            return int(held(prompt_ids)) if held is not None else 0
+        except Exception:  # routing is a preference: a decoder that cannot say counts as holding nothing
+            return 0
+
+    def _serve(self, index: int) -> None:
+        decoder = self.decoders[index]
+        while True:
             with self._lock:
+                while self._assigned[index] is None and not self._stopping:
+                    self._wake[index].wait()
+                job = self._assigned[index]
+                if job is None:
+                    return
                 self.waiting -= 1
                 self.busy += 1
             job.started = time.monotonic()
@@ -129,7 +173,9 @@ class DecoderPool:
                 with self._lock:
                     self.busy -= 1
                     self._active.discard(job)
+                    self._assigned[index] = None
                     self._idle.notify_all()
+                    self._dispatch()
 
     def _run(self, job: Job, decoder) -> None:
         if job.cancelled.is_set():
@@ -170,7 +216,14 @@ class DecoderPool:
                 self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))
             for job in self._active:
                 job.cancel()
-        for _ in self._threads:
-            self._jobs.put(None)
+            while self._pending:  # never started: answered here, no worker will take them
+                job = self._pending.popleft()
+                self.waiting -= 1
+                self.cancelled_jobs += 1
+                self._active.discard(job)
+                job._put(_Failure(JobCancelled("cancelled before it started")))
+            self._stopping = True
+            for wake in self._wake:
+                wake.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)

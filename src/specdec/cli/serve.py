@@ -17,6 +17,10 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the bundle folder name)")
     serve.add_argument("--shutdown-grace", type=float, default=10.0,
                        help="seconds in-flight requests may take to finish at shutdown before they are cancelled")
+    serve.add_argument("--cache-ram", type=float, default=0, metavar="MiB",
+                       help="a prompt cache of this many MiB of host RAM, shared by the workers: KV snapshots of "
+                            "recent prompts that a later request sharing a prefix restores instead of "
+                            "recomputing (llama-server's --cache-ram; default 0: off)")
     add_load_args(serve)
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
@@ -50,7 +54,7 @@ def cmd_serve(args) -> int:
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
-                             threads=args.threads, verify=not args.no_verify)
+                             threads=args.threads, verify=not args.no_verify, cache_ram_mib=args.cache_ram)
         return serve_on_ray(options)
     try:
         import uvicorn
@@ -64,8 +68,10 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     server_options = ServerOptions(model_name=model_name(args), shutdown_grace=args.shutdown_grace)
+    if not args.cache_ram >= 0:
+        raise ValueError(f"--cache-ram must be >= 0 MiB, got {args.cache_ram}")
     load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
-                               verify=not args.no_verify)
+                               verify=not args.no_verify, cache_ram_mib=args.cache_ram)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
               "can use it", file=sys.stderr)

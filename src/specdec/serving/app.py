@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server over a DecoderPool (FastAPI; the ``[serve]`` extra): the wiring.
 
-Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (``stream: true`` as server-sent
-events), ``/health``, ``/metrics`` (Prometheus text). Every error is OpenAI-shaped JSON (``{"error":
+Routes: ``/v1/models``, ``/v1/completions`` (with ``suffix``: fill-in-the-middle), ``/v1/chat/completions``
+(``stream: true`` as server-sent events), llama-server's ``/infill``, ``/health``, ``/metrics`` (Prometheus
+text). Every error is OpenAI-shaped JSON (``{"error":
 {"message", "type", "param", "code"}}``): 400 for bad input (each bad field named), 404 for an unknown
 model, 429 (queue full) / 503 (shutting down) with ``Retry-After``. Generation runs in the pool's worker
 threads; a client that goes away cancels its job.
@@ -21,7 +22,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.serving.handlers import Chat, Completions, Info
+from specdec.serving.handlers import Chat, Completions, Infill, Info
 from specdec.serving.metrics import Metrics
 from specdec.serving.pool import DecoderPool, PoolOptions
 from specdec.serving.protocol import APIError, ClientGone, error_response, field_errors
@@ -49,9 +50,13 @@ class LoadOptions:
     max_context: int | None = None
     threads: int | None = None
     verify: bool = True
+    cache_ram_mib: float = 0  # a prompt cache in host RAM shared by the pool's workers (0: none)
 
     def load_kwargs(self) -> dict:
-        return dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)
+        kwargs = dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)
+        if self.cache_ram_mib:
+            kwargs["cache_ram_mib"] = self.cache_ram_mib
+        return kwargs
 
 
 def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
@@ -79,14 +84,15 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     app.add_middleware(_CountRequests, metrics=metrics)
     _add_error_handlers(app)
 
-    info, completions, chat = (Info(pool, options, metrics), Completions(pool, options, metrics),
-                               Chat(pool, options, metrics))
+    info, completions, chat, infill = (Info(pool, options, metrics), Completions(pool, options, metrics),
+                                       Chat(pool, options, metrics), Infill(pool, options, metrics))
     app.add_api_route("/health", info.health, methods=["GET"])
     app.add_api_route("/metrics", info.prometheus, methods=["GET"])
     app.add_api_route("/v1/models", info.models, methods=["GET"])
     app.add_api_route("/v1/models/{model}", info.model, methods=["GET"])
     app.add_api_route("/v1/completions", completions.create, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat.create, methods=["POST"])
+    app.add_api_route("/infill", infill.create, methods=["POST"])  # llama-server's fill-in-the-middle
     return app
 
 

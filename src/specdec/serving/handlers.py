@@ -4,9 +4,12 @@
 once by the decoder's own ``validate`` (``make_request``: the same checks the worker's ``stream`` makes,
 a ``GenerationError`` becoming a 400 naming the wire field); the job is queued on the pool; its items
 come back as one JSON answer or as server-sent events, and a client that goes away cancels it.
-``Completions`` and ``Chat`` are the two OpenAI routes on top; ``Info`` answers ``/v1/models``,
-``/health`` and ``/metrics``. Boundary: HTTP <-> pool jobs; the wire shapes are protocol.py's, decoding
-is the decoder's, chat rendering is chat.py's.
+``Completions`` and ``Chat`` are the two OpenAI routes on top; ``Infill`` is llama-server's ``/infill``
+(fill-in-the-middle, which ``/v1/completions`` with a ``suffix`` also reaches); ``Info`` answers
+``/v1/models``, ``/health`` and ``/metrics``. Every job names its prompt's token ids, so the pool gives it to
+the worker whose KV cache holds the most of them; ``usage.prompt_tokens_details.cached_tokens`` says how many
+were reused. Boundary: HTTP <-> pool jobs; the wire shapes are protocol.py's, decoding is the decoder's,
+chat rendering is chat.py's.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from fastapi import Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from specdec.decoding.chat import ChatTemplateError, chat_prompt
+from specdec.decoding.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.request import GenerationStats
 from specdec.sampling.processors import SamplingConfig
 from specdec.serving.metrics import Metrics
 from specdec.serving.pool import END, DecoderPool, JobCancelled, PoolBusy, PoolClosed
 from specdec.serving.protocol import (APIError, ChatCompletionRequest, ChatMessage, ClientGone, CompletionRequest,
-                                      decoder_error)
+                                      InfillRequest, decoder_error)
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,13 @@ DRAFT_ROOM = 64  # context slots kept free for one round's drafts when max_token
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DISCONNECT_POLL_SECONDS = 0.25
 
-# decoder argument -> the OpenAI request field that carries it (for the decoder's error messages)
+INFILL_RESERVE = 256  # tokens an /infill with n_predict=-1 keeps free for the middle (at most a quarter of the context)
+
+# decoder argument -> the request field that carries it (for the decoder's error messages)
 OPENAI_NAMES = {"max_new_tokens": "max_tokens"}
+OPENAI_INFILL_NAMES = {"max_new_tokens": "max_tokens", "prefix": "prompt"}  # /v1/completions with a suffix
+LLAMA_NAMES = {"max_new_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "prefix": "input_prefix",
+               "suffix": "input_suffix", "extra": "input_extra"}
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Prepared:
     """A validated request: the prompt's token ids and the decoder's ``stream`` keyword arguments."""
     prompt_ids: list
     options: dict = field(default_factory=dict)
+    time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
 
     @property
     def max_new_tokens(self) -> int:
@@ -56,7 +66,8 @@ class Done:
     """The last item of a job: the request's statistics and the decoder's finish reason."""
     stats: GenerationStats
     queue_seconds: float
-    finish: str = "length"  # the decoder's reason: "eos" | "stop" | "length"
+    finish: str = "length"  # the decoder's reason: "eos" | "stop" | "length"; or "time" (the time limit)
+    last_token: int | None = None
 
 
 def finish_reason(done: Done) -> str:
@@ -66,15 +77,22 @@ def finish_reason(done: Done) -> str:
 
 def specdec_fields(done: Done) -> dict:
     stats = done.stats
-    return {"acceptance_rate": round(stats.acceptance_rate, 4), "proposed_tokens": stats.proposed,
+    return {"cached_tokens": cached_tokens(stats), "acceptance_rate": round(stats.acceptance_rate, 4),
+            "proposed_tokens": stats.proposed,
             "accepted_tokens": stats.accepted, "rounds": stats.rounds,
             "tokens_per_second": round(stats.tokens_per_s, 2), "prefill_seconds": round(stats.prefill_seconds, 4),
             "decode_seconds": round(stats.decode_seconds, 4), "queue_seconds": round(done.queue_seconds, 4)}
 
 
+def cached_tokens(stats: GenerationStats) -> int:
+    """Prompt tokens whose keys/values the target's cache already held (reused, not computed)."""
+    return getattr(stats, "cached_tokens", 0)
+
+
 def usage(stats: GenerationStats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": stats.prompt_tokens + stats.new_tokens}
+            "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens(stats)}}
 
 
 def sse(payload: dict) -> str:
@@ -87,8 +105,20 @@ def stream_work(prepared: Prepared):
     def run(decoder):
         stats = GenerationStats()
         stream = decoder.stream(prepared.prompt_ids, stats=stats, **prepared.options)
-        yield from stream  # closing this job closes the stream: the request stops between rounds
-        yield Done(stats, 0.0, stream.finish_reason or "length")
+        finish, first_piece, newline = None, None, False
+        try:
+            for piece in stream:
+                yield piece  # closing this job closes the stream (finally): the request stops between rounds
+                if prepared.time_limit:  # llama.cpp's t_max_predict_ms: past the limit, end at a newline
+                    first_piece = first_piece or time.monotonic()
+                    newline = newline or "\n" in piece
+                    if newline and time.monotonic() - first_piece >= prepared.time_limit:
+                        finish = "time"
+                        break
+        finally:
+            stream.close()
+        ids = stream.token_ids
+        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None)
 
     return run
 
@@ -106,6 +136,15 @@ def check_model(options, name: str) -> None:
     if name != options.model_name:
         raise APIError(404, f"model {name!r} does not exist: this server serves {options.model_name!r}",
                        param="model", code="model_not_found")
+
+
+def openai_options(body, max_new: int, stop_token_ids, wire_names: dict) -> dict:
+    """An OpenAI body's generation fields as the decoder's ``stream`` keyword arguments."""
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    tree = ",".join(map(str, body.tree)) if isinstance(body.tree, list) else body.tree
+    return dict(max_new_tokens=max_new, sampling=sampling_config(body, wire_names),
+                num_draft_tokens=body.num_draft_tokens, seed=body.seed, stop=stop, proposer=body.proposer,
+                tree=tree, stop_token_ids=tuple(stop_token_ids))
 
 
 class Generation:
@@ -136,11 +175,7 @@ class Generation:
         if max_new is None:
             max_new = default_max if default_max is not None else max(
                 1, self.decoder.max_context - len(prompt_ids) - 1 - DRAFT_ROOM)
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        tree = ",".join(map(str, body.tree)) if isinstance(body.tree, list) else body.tree
-        options = dict(max_new_tokens=max_new, sampling=sampling_config(body, wire_names),
-                       num_draft_tokens=body.num_draft_tokens, seed=body.seed, stop=stop, proposer=body.proposer,
-                       tree=tree, stop_token_ids=tuple(stop_token_ids))
+        options = openai_options(body, max_new, stop_token_ids, wire_names)
         return self.validate(prompt_ids, options, wire_names, prompt_field, body.max_tokens is not None)
 
     # ------------------------------------------------------------------ the pool
@@ -165,11 +200,29 @@ class Generation:
             if not getter.done():
                 getter.cancel()
 
-    async def start(self, work, request: Request, wire_names=OPENAI_NAMES):
-        """Queue the job and wait for its first item (so bad requests still get a 400, not a broken stream)."""
+    def infill_ids(self, prefix, suffix, extra, prompt, max_new: int | None, wire_names: dict) -> tuple[list, int]:
+        """The FIM prompt (llama.cpp's layout, fitted to the context) and the token budget: ``max_new``, or
+        with None what the context leaves after the prompt (keeping room for the middle: INFILL_RESERVE)."""
+        decoder = self.decoder
+        try:
+            if max_new is not None:
+                ids = decoder.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_new_tokens=max_new)
+                return ids, max_new
+            reserve = min(INFILL_RESERVE, decoder.max_context // 4)
+            ids = decoder.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_new_tokens=reserve)
+        except ValueError as exc:  # GenerationError: no FIM tokens, text that is not text, no room
+            raise decoder_error(exc, wire_names, budget_given=max_new is not None) from None
+        return ids, max(1, decoder.max_context - len(ids) - 1 - DRAFT_ROOM)
+
+    def fim_stop_ids(self) -> tuple:
+        return fim_stop_ids(fim_tokens(self.decoder.manifest, self.decoder.codec))
+
+    async def start(self, prepared: Prepared, request: Request, wire_names=OPENAI_NAMES):
+        """Queue the job on the worker whose cache shares the most of its prompt, and wait for its first item
+        (so bad requests still get a 400, not a broken stream)."""
         retry = self.options.retry_after
         try:
-            job = self.pool.submit(work)
+            job = self.pool.submit(stream_work(prepared), prompt_ids=prepared.prompt_ids)
         except PoolBusy as exc:
             raise APIError(429, f"server busy: {exc}; retry later", code="queue_full", kind="rate_limit_error",
                            retry_after=retry) from None
@@ -203,23 +256,31 @@ class Generation:
         self.metrics.add(done.stats)
         return done
 
-    async def events(self, job, first, chunk, include_usage: bool):
-        """SSE lines: one chunk per text piece, a last chunk with finish_reason, usage if asked, [DONE]."""
+    def openai_events(self, job, first, chunk, include_usage: bool):
+        """OpenAI's SSE lines: one chunk per text piece, a last chunk with finish_reason, usage if asked, [DONE]."""
+
+        def last(done: Done) -> list:
+            final = chunk(None, finish_reason(done))
+            final["specdec"] = specdec_fields(done)
+            lines = [sse(final)]
+            if include_usage:
+                lines.append(sse({**chunk(None, None), "choices": [], "usage": usage(done.stats),
+                                  "specdec": specdec_fields(done)}))
+            return lines + ["data: [DONE]\n\n"]
+
+        return self.events(job, first, lambda piece: sse(chunk(piece, None)), last)
+
+    async def events(self, job, first, piece_line, last_lines):
+        """SSE lines: ``piece_line(text)`` per text piece, then ``last_lines(done)``; errors in-band."""
         item = first
         try:
             while item is not END:
                 if isinstance(item, Done):
-                    done = self.finished(item, job)
-                    final = chunk(None, finish_reason(done))
-                    final["specdec"] = specdec_fields(done)
-                    yield sse(final)
-                    if include_usage:
-                        yield sse({**chunk(None, None), "choices": [], "usage": usage(done.stats),
-                                   "specdec": specdec_fields(done)})
+                    for line in last_lines(self.finished(item, job)):
+                        yield line
                 else:
-                    yield sse(chunk(item, None))
+                    yield piece_line(item)
                 item = await job.get()
-            yield "data: [DONE]\n\n"
         except JobCancelled:
             yield sse({"error": {"message": "the server is shutting down: generation cancelled",
                                  "type": "server_error", "param": None, "code": "shutting_down"}})
@@ -240,9 +301,13 @@ class Completions(Generation):
 
     async def create(self, body: CompletionRequest, request: Request):
         prompt = body.prompt[0] if isinstance(body.prompt, list) and isinstance(body.prompt[0], str) else body.prompt
-        prompt_ids = self.decoder.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        prepared = self.prepare(body, prompt_ids, default_max=COMPLETION_DEFAULT_MAX_TOKENS)
-        job, first = await self.start(stream_work(prepared), request)
+        if body.suffix is not None:  # OpenAI's legacy insert mode / Ollama's suffix: fill in the middle
+            prepared, wire_names = self.prepare_insert(body, prompt), OPENAI_INFILL_NAMES
+        else:
+            prompt_ids = self.decoder.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            prepared = self.prepare(body, prompt_ids, default_max=COMPLETION_DEFAULT_MAX_TOKENS)
+            wire_names = OPENAI_NAMES
+        job, first = await self.start(prepared, request, wire_names)
         ident, created, model = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.options.model_name
 
         def chunk(text, finish):
@@ -250,10 +315,20 @@ class Completions(Generation):
                     "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
 
         if body.stream:
-            return StreamingResponse(self.events(job, first, chunk, _include_usage(body)),
+            return StreamingResponse(self.openai_events(job, first, chunk, _include_usage(body)),
                                      media_type="text/event-stream")
         text, done = await self.collect(job, first, request)
         return {**chunk(text, finish_reason(done)), "usage": usage(done.stats), "specdec": specdec_fields(done)}
+
+    def prepare_insert(self, body: CompletionRequest, prompt) -> Prepared:
+        """``prompt`` + ``suffix``: the text between them, through the bundle's fill-in-the-middle tokens."""
+        self.check_model(body.model)
+        if not isinstance(prompt, str):
+            raise APIError(400, "suffix: fill-in-the-middle needs a text prompt, not token ids", param="suffix")
+        max_new = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        ids, max_new = self.infill_ids(prompt, body.suffix, (), "", max_new, OPENAI_INFILL_NAMES)
+        options = openai_options(body, max_new, self.fim_stop_ids(), OPENAI_INFILL_NAMES)
+        return self.validate(ids, options, OPENAI_INFILL_NAMES, "prompt", True)
 
 
 class Chat(Generation):
@@ -273,7 +348,7 @@ class Chat(Generation):
             raise APIError(400, str(exc), param="messages") from None
         prepared = self.prepare(body, prompt.ids, prompt.stop_token_ids, prompt_field="messages",
                                 wire_names=wire_names)
-        job, first = await self.start(stream_work(prepared), request, wire_names)
+        job, first = await self.start(prepared, request, wire_names)
         ident, created, model = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.options.model_name
 
         def chunk(text, finish, role=False):
@@ -284,7 +359,7 @@ class Chat(Generation):
         if body.stream:
             async def events():
                 yield sse(chunk("", None, role=True))
-                async for line in self.events(job, first, chunk, _include_usage(body)):
+                async for line in self.openai_events(job, first, chunk, _include_usage(body)):
                     yield line
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -293,6 +368,67 @@ class Chat(Generation):
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                              "finish_reason": finish_reason(done)}],
                 "usage": usage(done.stats), "specdec": specdec_fields(done)}
+
+
+class Infill(Generation):
+    """llama-server's ``POST /infill``: its request fields, its answer (``content``, ``stop``, ``timings`` ...),
+    its stream (``data: {"content": ...}`` lines, the last with ``"stop": true``; no ``[DONE]``)."""
+
+    async def create(self, body: InfillRequest, request: Request):
+        prepared, ignored = self.prepare_infill(body)
+        job, first = await self.start(prepared, request, LLAMA_NAMES)
+        stop_ids = set(prepared.options["stop_token_ids"])
+
+        def answer(text: str, done: Done) -> dict:
+            return llama_answer(text, done, stop_ids, self.options.model_name, ignored)
+
+        if body.stream:
+            return StreamingResponse(
+                self.events(job, first, lambda piece: sse({"index": 0, "content": piece, "stop": False}),
+                            lambda done: [sse(answer("", done))]),
+                media_type="text/event-stream")
+        text, done = await self.collect(job, first, request)
+        return answer(text, done)
+
+    def prepare_infill(self, body: InfillRequest) -> tuple[Prepared, list]:
+        """The body as decoder options on the FIM prompt; the llama.cpp fields specdec does not use."""
+        ignored = body.ignored_fields + ([] if body.cache_prompt else ["cache_prompt"])  # reuse is exact: always on
+        extra = [chunk.model_dump() for chunk in body.input_extra]
+        max_new = None if body.n_predict < 0 else body.n_predict
+        ids, max_new = self.infill_ids(body.input_prefix, body.input_suffix, extra, body.prompt, max_new, LLAMA_NAMES)
+        try:
+            sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                      min_p=body.min_p, repetition_penalty=body.repeat_penalty)
+        except ValueError as exc:
+            raise decoder_error(exc, LLAMA_NAMES) from None
+        options = dict(max_new_tokens=max_new, sampling=sampling, num_draft_tokens=body.num_draft_tokens,
+                       seed=None if body.seed == -1 else body.seed,
+                       stop=[body.stop] if isinstance(body.stop, str) else list(body.stop),
+                       proposer=body.proposer, stop_token_ids=self.fim_stop_ids())
+        prepared = self.validate(ids, options, LLAMA_NAMES, "input_prefix", body.n_predict >= 0)
+        prepared.time_limit = body.t_max_predict_ms / 1000.0
+        return prepared, ignored
+
+
+def llama_answer(text: str, done: Done, stop_ids: set, model: str, ignored: list) -> dict:
+    """llama-server's completion answer (its /infill and /completion shape) for a finished request."""
+    stats = done.stats
+    cached = cached_tokens(stats)
+    computed = stats.prompt_tokens - cached
+    prompt_ms, predicted_ms = stats.prefill_seconds * 1000.0, stats.decode_seconds * 1000.0
+    if done.finish == "eos" or (done.finish == "stop" and done.last_token in stop_ids):
+        stop_type = "eos"
+    else:
+        stop_type = "word" if done.finish == "stop" else "limit"
+    timings = {"prompt_n": computed, "prompt_ms": round(prompt_ms, 3),
+               "prompt_per_token_ms": round(prompt_ms / computed, 3) if computed else 0.0,
+               "prompt_per_second": round(computed / stats.prefill_seconds, 2) if stats.prefill_seconds else 0.0,
+               "predicted_n": stats.new_tokens, "predicted_ms": round(predicted_ms, 3),
+               "predicted_per_token_ms": round(predicted_ms / stats.new_tokens, 3) if stats.new_tokens else 0.0,
+               "predicted_per_second": round(stats.tokens_per_s, 2)}
+    return {"index": 0, "content": text, "stop": True, "model": model, "tokens_predicted": stats.new_tokens,
+            "tokens_evaluated": stats.prompt_tokens, "tokens_cached": cached, "stop_type": stop_type,
+            "timings": timings, "specdec": {**specdec_fields(done), "ignored_fields": ignored}}
 
 
 def plain_message(message: ChatMessage) -> dict:

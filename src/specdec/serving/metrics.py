@@ -16,6 +16,7 @@ class Metrics:
     def __init__(self):
         self.requests: dict = {}  # (route, status) -> count
         self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0  # prompt tokens whose KV was reused (a worker's cache, or the prompt cache)
         self.completion_tokens = 0
         self.decode_seconds = 0.0
         self.proposed = 0
@@ -28,6 +29,7 @@ class Metrics:
 
     def add(self, stats: GenerationStats) -> None:
         self.prompt_tokens += stats.prompt_tokens
+        self.cached_prompt_tokens += getattr(stats, "cached_tokens", 0)
         self.completion_tokens += stats.new_tokens
         self.decode_seconds += stats.decode_seconds
         self.proposed += stats.proposed
@@ -46,6 +48,11 @@ class Metrics:
                 for (route, status), count in sorted(self.requests.items())] or [("", 0)])
         metric("specdec_prompt_tokens_total", "counter", "prompt tokens of finished generations",
                [("", self.prompt_tokens)])
+        metric("specdec_prompt_tokens_cached_total", "counter",
+               "prompt tokens whose keys/values were reused, not computed",
+               [("", self.cached_prompt_tokens)])
+        metric("specdec_prompt_tokens_computed_total", "counter", "prompt tokens prefilled (computed)",
+               [("", self.prompt_tokens - self.cached_prompt_tokens)])
         metric("specdec_completion_tokens_total", "counter", "generated tokens", [("", self.completion_tokens)])
         metric("specdec_decode_seconds_total", "counter", "time in decode loops (prefill excluded)",
                [("", round(self.decode_seconds, 6))])
@@ -62,4 +69,25 @@ class Metrics:
         metric("specdec_workers", "gauge", "worker count (one KV cache each)", [("", pool.options.workers)])
         metric("specdec_cancelled_total", "counter", "generations cancelled (client gone or shutdown)",
                [("", pool.cancelled_jobs)])
+        metric("specdec_routed_to_cache_total", "counter",
+               "requests given to the worker whose KV cache already held part of their prompt",
+               [("", getattr(pool, "routed_to_cache", 0))])
+        cache = getattr(pool.decoder, "prompt_cache", None)
+        if cache is not None:  # specdec serve --cache-ram
+            stats = cache.stats()
+            for key, kind, help_text in _PROMPT_CACHE:
+                if key in stats:
+                    suffix = "_total" if kind == "counter" else ""
+                    metric(f"specdec_prompt_cache_{key}{suffix}", kind, help_text, [("", stats[key])])
         return "\n".join(lines) + "\n"
+
+
+_PROMPT_CACHE = (  # PromptCache.stats() key, metric kind, help
+    ("hits", "counter", "prompt cache lookups that restored a prefix"),
+    ("misses", "counter", "prompt cache lookups that found nothing better than the worker's own cache"),
+    ("evictions", "counter", "prompt cache entries dropped for room"),
+    ("stores", "counter", "KV snapshots stored in the prompt cache"),
+    ("bytes", "gauge", "bytes held by the prompt cache"),
+    ("capacity_bytes", "gauge", "the prompt cache's capacity (--cache-ram)"),
+    ("entries", "gauge", "KV snapshots held by the prompt cache"),
+)

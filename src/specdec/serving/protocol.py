@@ -24,6 +24,15 @@ from specdec.sampling.processors import SamplingConfig
 
 
 # ----------------------------------------------------------------------------- request models
+def _check_stops(value):
+    stops = [value] if isinstance(value, str) else (value or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(not s for s in stops):
+        raise ValueError("stop strings must be non-empty")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -70,16 +79,12 @@ class _GenerationFields(_Strict):
     @field_validator("stop")
     @classmethod
     def _stop_strings(cls, value):
-        stops = [value] if isinstance(value, str) else (value or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        if any(not s for s in stops):
-            raise ValueError("stop strings must be non-empty")
-        return value
+        return _check_stops(value)
 
 
 class CompletionRequest(_GenerationFields):
     prompt: str | list[str] | list[int]
+    suffix: str | None = None  # OpenAI's legacy insert / Ollama's: the text after the completion (fill-in-the-middle)
     echo: Literal[False] = False
     logprobs: Literal[None] = None
 
@@ -108,6 +113,48 @@ class ChatCompletionRequest(_GenerationFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: Literal[False, None] = None
+
+
+# ----------------------------------------------------------------------------- llama-server's /infill
+class InfillChunk(_Strict):
+    filename: str = "tmp"
+    text: str = ""
+
+
+class InfillRequest(BaseModel):
+    """llama-server's ``POST /infill`` body. Fields llama.cpp knows and specdec does not (``n_probs``,
+    ``mirostat``, ``id_slot``, ...) are tolerated and listed in the answer's ``specdec.ignored_fields``;
+    the fields below are typed strictly (a wrong type or range is a 400 naming the field)."""
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillChunk] = []
+    prompt: str = ""  # text after the prefix, inside the FIM frame (llama.cpp's layout)
+    n_predict: Annotated[int, Field(ge=-1)] = -1  # -1: until EOS or the context is full; 0: prefill only (warm-up)
+    t_max_predict_ms: Annotated[int, Field(ge=0)] = 0  # stop once this long after the first token and a newline
+    cache_prompt: bool = True
+    stop: str | list[str] = []
+    stream: bool = False
+    temperature: Annotated[float, Field(ge=0.0)] = 0.8  # llama.cpp's defaults
+    top_k: Annotated[int, Field(ge=0)] = 40
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
+    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    seed: Annotated[int, Field(ge=-1, le=MAX_SEED)] = -1  # -1: fresh randomness
+    model: str | None = None
+    # specdec extensions
+    num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
+    proposer: Literal["draft", "lookup", "hybrid"] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value):
+        return _check_stops(value)
+
+    @property
+    def ignored_fields(self) -> list:
+        return sorted(self.model_extra or ())
 
 
 # ----------------------------------------------------------------------------- errors
@@ -176,7 +223,7 @@ def decoder_error(exc: ValueError, wire_names: dict, prompt_field: str = "prompt
     match = _LEADING_NAME.match(message)
     word = match.group(0) if match else ""
     code = None
-    if "exceeds max_context" in message:
+    if "exceeds max_context" in message or "context has no room" in message:
         code = "context_length_exceeded"
         param = wire_names.get("max_new_tokens", "max_tokens") if budget_given else prompt_field
     elif word == "prompt":

@@ -38,6 +38,7 @@ class RayOptions:
     max_context: int | None = None
     threads: int | None = None
     verify: bool = True
+    cache_ram_mib: float = 0  # per replica: a prompt cache shared by its workers (0: none)
 
     def __post_init__(self):
         for name in ("workers", "replicas"):
@@ -78,7 +79,8 @@ def build_application(options: RayOptions):
         return build_app(bundle, ServerOptions(model_name=options.model_name),
                          PoolOptions(workers=options.workers, max_queue=options.max_queue),
                          LoadOptions(provider=options.provider, max_context=options.max_context,
-                                     threads=options.threads, verify=options.verify))
+                                     threads=options.threads, verify=options.verify,
+                                     cache_ram_mib=options.cache_ram_mib))
 
     replica = serve.deployment(
         name="SpecdecReplica",

@@ -1,0 +1,319 @@
+"""What a user moving from llama-server expects of the server: cached prompt tokens in usage, warm-up requests,
+routing to the worker that holds the prompt, llama-server's /infill (and /v1/completions' suffix), the prompt
+cache in /metrics, ``--cache-ram``. In-process servers on 127.0.0.1 only; every loop bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import json
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+MODEL = "tiny-fim"
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def add(a, b):"}]
+FIM = {"prefix": 5, "suffix": 6, "middle": 7}  # three ids of the tiny vocabulary, declared FIM markers
+
+
+@pytest.fixture(scope="module")
+def fim_bundle(chat_bundle, tmp_path_factory):
+    """The tiny chat bundle whose manifest declares FIM tokens (as the exporter records them for a code model)."""
+    from specdec.contract.manifest import MANIFEST_NAME, Manifest
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-fim"
+    shutil.copytree(chat_bundle, out)
+    manifest = dataclasses.replace(Manifest.read(out), fim_tokens=dict(FIM))
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return out
+
+
+def _supports_cache_ram() -> bool:
+    from specdec.decoding.decoder import SpeculativeDecoder
+
+    return "cache_ram_mib" in inspect.signature(SpeculativeDecoder.load).parameters
+
+
+@pytest.fixture(scope="module")
+def reference(fim_bundle):
+    """A decoder of its own: the expected answers, computed cold."""
+    from specdec.decoding.decoder import SpeculativeDecoder
+
+    return SpeculativeDecoder.load(fim_bundle)
+
+
+@contextlib.contextmanager
+def _uvicorn(app):
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def served(fim_bundle):
+    """build_app over the FIM bundle: 2 workers, a prompt cache when the decoder has one; yields (url, app)."""
+    from specdec.serving.app import LoadOptions, ServerOptions, build_app
+    from specdec.serving.pool import PoolOptions
+
+    load = LoadOptions(cache_ram_mib=8 if _supports_cache_ram() else 0)
+    app = build_app(fim_bundle, ServerOptions(model_name=MODEL, shutdown_grace=1.0), PoolOptions(workers=2), load)
+    with _uvicorn(app) as url:
+        yield url
+
+
+def _post(url, path, payload, raw=None):
+    return httpx.post(f"{url}{path}", content=raw if raw is not None else json.dumps(payload),
+                      headers={"Content-Type": "application/json"}, timeout=60)
+
+
+def _sse(url, path, payload) -> list:
+    with httpx.stream("POST", f"{url}{path}", json=payload, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[5:]) for line in response.iter_lines()
+                if line.startswith("data:") and line != "data: [DONE]"]
+
+
+# ----------------------------------------------------------------------------- cached tokens, warm-up
+def test_warm_up_then_cached_tokens_in_usage(served, reference):
+    """max_tokens=0 prefills and answers at once (empty, "length"); the next request on the same messages
+    reports the reused prompt tokens as usage.prompt_tokens_details.cached_tokens (plain and streamed) and
+    answers exactly what a cold decoder does."""
+    from specdec.decoding.chat import chat, chat_prompt
+
+    body = {"model": MODEL, "messages": MESSAGES, "temperature": 0}
+    warm = _post(served, "/v1/chat/completions", {**body, "max_tokens": 0})
+    assert warm.status_code == 200, warm.text
+    warm = warm.json()
+    assert warm["choices"][0]["message"]["content"] == "" and warm["choices"][0]["finish_reason"] == "length"
+    prompt_tokens = len(chat_prompt(reference, MESSAGES).ids)
+    assert warm["usage"]["completion_tokens"] == 0 and warm["usage"]["prompt_tokens"] == prompt_tokens
+    assert "prompt_tokens_details" in warm["usage"]
+
+    expected = chat(reference, MESSAGES, max_new_tokens=12)
+    reply = _post(served, "/v1/chat/completions", {**body, "max_tokens": 12}).json()
+    assert reply["choices"][0]["message"]["content"] == expected.text
+    cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < prompt_tokens  # the last prompt token is always fed by the first round
+    assert reply["specdec"]["cached_tokens"] == cached
+
+    chunks = _sse(served, "/v1/chat/completions", {**body, "max_tokens": 12, "stream": True,
+                                                   "stream_options": {"include_usage": True}})
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == expected.text
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_completions_warm_up_and_cached_tokens(served, reference):
+    prompt = "def fib(n):\n    "
+    warm = _post(served, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 0}).json()
+    assert warm["choices"][0]["text"] == "" and warm["usage"]["completion_tokens"] == 0
+    reply = _post(served, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 10,
+                                              "temperature": 0}).json()
+    assert reply["choices"][0]["text"] == reference.generate(prompt, max_new_tokens=10).text
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_metrics_count_cached_and_computed_prompt_tokens(served):
+    _post(served, "/v1/completions", {"model": MODEL, "prompt": "x = [1, 2, 3]", "max_tokens": 0})
+    _post(served, "/v1/completions", {"model": MODEL, "prompt": "x = [1, 2, 3]", "max_tokens": 0})
+    text = httpx.get(f"{served}/metrics").text
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    assert values["specdec_prompt_tokens_cached_total"] > 0
+    assert values["specdec_prompt_tokens_computed_total"] > 0
+    assert values["specdec_routed_to_cache_total"] > 0
+    if _supports_cache_ram():
+        for name in ("hits_total", "misses_total", "evictions_total", "bytes", "entries"):
+            assert f"specdec_prompt_cache_{name}" in values, name
+
+
+# ----------------------------------------------------------------------------- routing
+def test_pool_routes_to_the_worker_holding_the_prompt(fim_bundle, reference):
+    """Of the free workers, the one whose cache holds the longest prefix of the prompt takes the job (the
+    lowest index on a tie); a decoder without cached_prefix counts as holding nothing."""
+    from specdec.serving.pool import DecoderPool, PoolOptions
+
+    pool = DecoderPool(reference.fork(), PoolOptions(workers=3))
+    try:
+        codec = reference.codec
+        held = codec.encode("class Point:\n    def __init__(self, x, y):")
+        pool.decoders[2].generate(held, max_new_tokens=0)  # worker 2 holds this prompt
+        pool.decoders[1].generate(held[:3], max_new_tokens=0)  # worker 1 a shorter piece of it
+
+        def work(decoder):
+            yield "ok"
+
+        async def scenario():
+            routed = []
+            for prompt in (held + codec.encode(" pass"), codec.encode("zzz"), None):
+                job = pool.submit(work, prompt_ids=prompt)
+                assert await job.get() == "ok"
+                routed.append(job.worker)
+                await job.get()  # END: the worker is free again
+            return routed
+
+        assert asyncio.run(asyncio.wait_for(scenario(), timeout=20)) == [2, 0, 0]
+        assert pool.routed_to_cache == 1
+    finally:
+        pool.close(grace=5)
+
+
+# ----------------------------------------------------------------------------- /infill
+def _greedy_infill(decoder, prefix, suffix, n, extra=(), prompt=""):
+    from specdec.sampling.processors import SamplingConfig
+
+    return decoder.infill(prefix, suffix, extra=list(extra), prompt=prompt, max_new_tokens=n,
+                          sampling=SamplingConfig(temperature=0.0))
+
+
+INFILL = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n",
+          "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+          "prompt": "return", "n_predict": 12, "temperature": 0}
+
+
+def test_infill_answers_like_llama_server(served, reference):
+    """/infill with llama-server's fields: the decoder's infill (greedy), llama-server's answer shape, unknown
+    llama.cpp fields listed rather than refused, the second identical request served from the cache."""
+    expected = _greedy_infill(reference, INFILL["input_prefix"], INFILL["input_suffix"], 12,
+                              INFILL["input_extra"], INFILL["prompt"])
+    response = _post(served, "/infill", {**INFILL, "n_probs": 0, "mirostat": 0, "cache_prompt": True})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["content"] == expected.text and answer["stop"] is True
+    assert answer["tokens_predicted"] == len(expected.token_ids)
+    assert answer["tokens_evaluated"] == expected.stats.prompt_tokens
+    assert answer["stop_type"] in ("eos", "limit", "word")
+    timings = answer["timings"]
+    for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"):
+        assert key in timings, key
+    assert timings["predicted_n"] == answer["tokens_predicted"]
+    assert answer["specdec"]["ignored_fields"] == ["mirostat", "n_probs"]
+    again = _post(served, "/infill", INFILL).json()
+    assert again["content"] == expected.text
+    assert again["tokens_cached"] > 0
+    assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["tokens_cached"]
+    assert again["specdec"]["ignored_fields"] == []
+
+
+def test_infill_streams_content_lines(served, reference):
+    expected = _greedy_infill(reference, "x = ", " + 1\n", 8)
+    events = _sse(served, "/infill", {"input_prefix": "x = ", "input_suffix": " + 1\n", "n_predict": 8,
+                                      "temperature": 0, "stream": True})
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == expected.text
+    assert events[-1]["tokens_predicted"] == len(expected.token_ids)
+
+
+def test_infill_warm_up_and_until_the_end(served):
+    """n_predict=0 prefills and returns at once; n_predict=-1 generates until EOS or the context's end."""
+    warm = _post(served, "/infill", {"input_prefix": "import os\n", "input_suffix": "", "n_predict": 0}).json()
+    assert (warm["content"], warm["tokens_predicted"], warm["stop_type"]) == ("", 0, "limit")
+    rest = _post(served, "/infill", {"input_prefix": "import os\n", "input_suffix": "", "n_predict": -1,
+                                     "temperature": 0, "t_max_predict_ms": 60_000})
+    assert rest.status_code == 200, rest.text
+    assert rest.json()["tokens_predicted"] >= 1
+
+
+def test_completions_suffix_is_fill_in_the_middle(served, reference):
+    """/v1/completions with suffix (OpenAI's legacy insert, Ollama's suffix) is the decoder's infill."""
+    expected = _greedy_infill(reference, "def f(x):\n    ", "\n    return y\n", 10)
+    reply = _post(served, "/v1/completions", {"model": MODEL, "prompt": "def f(x):\n    ",
+                                              "suffix": "\n    return y\n", "max_tokens": 10, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == expected.text
+    tokens = _post(served, "/v1/completions", {"model": MODEL, "prompt": [1, 2, 3], "suffix": "x", "max_tokens": 4})
+    assert tokens.status_code == 400 and tokens.json()["error"]["param"] == "suffix"
+
+
+@pytest.mark.parametrize("payload, named", [
+    ({"temperature": "hot"}, "temperature"),
+    ({"n_predict": -2}, "n_predict"),
+    ({"n_predict": 100_000}, "n_predict"),
+    ({"input_extra": [{"file": "a.py"}]}, "input_extra.0.file"),
+    ({"input_extra": "a.py"}, "input_extra"),
+    ({"seed": -5}, "seed"),
+    ({"top_p": 0}, "top_p"),
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"stop": ["", "x"]}, "stop"),
+    ({"input_prefix": 3}, "input_prefix"),
+    ({"input_prefix": "\ud800"}, "input_prefix"),
+])
+def test_infill_bad_fields_are_400_naming_the_field(served, payload, named):
+    response = _post(served, "/infill", {"input_prefix": "a", "input_suffix": "b", **payload})
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert named in message and "\n" not in message, message
+    if named in ("n_predict", "temperature", "seed", "top_p", "repeat_penalty", "input_prefix"):
+        assert response.json()["error"]["param"] == named
+
+
+def test_infill_on_a_bundle_without_fim_tokens_is_400_saying_why(chat_bundle):
+    from specdec.serving.app import ServerOptions, build_app
+
+    with _uvicorn(build_app(chat_bundle, ServerOptions(model_name=MODEL))) as url:
+        response = _post(url, "/infill", {"input_prefix": "def f():", "input_suffix": "\n"})
+        assert response.status_code == 400, response.text
+        assert "no fill-in-the-middle tokens" in response.json()["error"]["message"]
+        suffix = _post(url, "/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b", "max_tokens": 2})
+        assert suffix.status_code == 400 and "fill-in-the-middle" in suffix.json()["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- --cache-ram
+def test_serve_cache_ram_reaches_the_decoder(fim_bundle, monkeypatch):
+    """`specdec serve --cache-ram MiB` loads the decoder with cache_ram_mib (its pool's workers share it)."""
+    if not _supports_cache_ram():
+        pytest.skip("SpeculativeDecoder.load has no cache_ram_mib yet")
+    import argparse
+
+    import specdec.serving.app as app_module
+    from specdec.cli.args import add_load_args
+    from specdec.cli.serve import add_serve_parser, cmd_serve
+
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"), add_load_args)
+    args = parser.parse_args(["serve", str(fim_bundle), "--cache-ram", "16", "--workers", "2"])
+    built = {}
+    original = app_module.create_app
+
+    def capture(pool, options):
+        built["pool"] = pool
+        return original(pool, options)
+
+    monkeypatch.setattr(app_module, "create_app", capture)
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    assert cmd_serve(args) == 0
+    pool = built["pool"]
+    try:
+        cache = pool.decoder.prompt_cache
+        assert cache is not None and cache.stats()["capacity_bytes"] == 16 * 2**20
+        assert all(d.prompt_cache is cache for d in pool.decoders)
+    finally:
+        pool.close(grace=1)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", str(fim_bundle), "--cache-ram", "lots"])

@@ -113,7 +113,7 @@ def check_bench_args(args) -> None:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if (args.peer_transformers or args.peer_genai) and args.temperature != 0:
+    if (args.peer_transformers or args.peer_genai or getattr(args, "peer_llama_server", None)) and args.temperature != 0:
         raise ValueError("peer columns are greedy only: use --temperature 0")
 
 
@@ -186,14 +186,86 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
                              "tokens": result.token_ids, **stats.as_dict(), "rss_mib": current_rss_mib()})
                 progress(f"[{done}/{total}] {item['id']} draft={mode}: {stats.tokens_per_s:.1f} tok/s, "
                          f"accepted/proposed {stats.acceptance_rate:.2f}")
-            if rep == 0:
-                for peer in peers:
-                    runs += [{**run, "rss_mib": current_rss_mib()} for run in peer(item)]
+            for peer in peers:  # a peer with ``repeats`` runs every pass (spread), the others the first
+                if rep == 0 or getattr(peer, "repeats", False):
+                    runs += [{**run, "repeat": rep, "rss_mib": run.get("rss_mib") or current_rss_mib()}
+                             for run in peer(item)]
     return {"costs": _costs_dict(costs),
             "costs_by_context": {str(ctx): _costs_dict(c) for ctx, c in costs_by_context.items()},
             "max_new_tokens": max_new_tokens, "temperature": temperature, "repeat": repeat,
             "modes": modes, "runs": runs, "peak_rss_mib": peak_rss_mib(),
-            "summary": summarize(runs, costs_by_context, temperature)}
+            "summary": summarize(runs, costs_by_context, temperature), "spread": repeat_spread(runs)}
+
+
+def repeat_spread(runs: list) -> dict:
+    """mode -> decode tok/s of each pass (summed tokens / summed decode seconds over that pass's prompts),
+    their mean and sample standard deviation (None with one pass)."""
+    import statistics
+
+    spread = {}
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        per_pass = []
+        for rep in sorted({r["repeat"] for r in runs if r["mode"] == mode}):
+            chosen = [r for r in runs if r["mode"] == mode and r["repeat"] == rep]
+            seconds = sum(r["decode_seconds"] for r in chosen)
+            per_pass.append(sum(r.get("decode_tokens", r["new_tokens"]) for r in chosen) / max(seconds, 1e-9))
+        spread[mode] = {"tokens_per_s": per_pass, "mean": statistics.fmean(per_pass),
+                        "stdev": statistics.stdev(per_pass) if len(per_pass) > 1 else None}
+    return spread
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":")[0].strip() in ("model name", "Hardware", "Model"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or None
+
+
+def git_commit(where: Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding this package (None outside git); ``-dirty`` when the
+    work tree differs from it."""
+    import subprocess
+
+    where = where or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance(bundle, threads: int | None) -> dict:
+    """What a result depends on besides its options: code, packages, machine, bundle."""
+    import hashlib
+    import platform
+
+    manifest = Path(bundle) / "manifest.json"
+    try:
+        bundle_hash = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    except OSError:
+        bundle_hash = None
+    return {"git_commit": git_commit(), "python": platform.python_version(),
+            "packages": {name: _version(name) for name in ("specdec", "onnxruntime", "numpy", "tokenizers")},
+            "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": threads or os.cpu_count(),
+            "bundle_manifest_sha256": bundle_hash}
 
 
 def _costs_dict(costs: Costs) -> dict:
@@ -324,11 +396,16 @@ def markdown(report: dict) -> str:
         "verify s | host s | RSS MiB | greedy == target-only |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    spread = report.get("spread") or {}
     for row in report["summary"]:
+        tok_s = _cell(row["tokens_per_s"])
+        mode_spread = spread.get(row["mode"]) or {}
+        if row["kind"] == "all" and mode_spread.get("stdev") is not None:
+            tok_s = f"{mode_spread['mean']:.2f} ± {mode_spread['stdev']:.2f}"
         identical = f"{row['identical_to_target_only']}/{row['runs']}" if row["identical_to_target_only"] is not None else "-"
         mode = {"0": "target only"}.get(row["mode"], row["mode"] if not row["mode"].isdigit() else f"draft g={row['mode']}")
         lines.append(
-            f"| {row['kind']} | {mode} | {_cell(row['tokens_per_s'])} | {_cell(row['speedup'], '.2f', 'x')} | "
+            f"| {row['kind']} | {mode} | {tok_s} | {_cell(row['speedup'], '.2f', 'x')} | "
             f"{_cell(row['predicted_speedup'], '.2f', 'x')} | {_cell(row['predicted_from_run_passes'], '.2f', 'x')} | "
             f"{_cell(row['end_to_end_speedup'], '.2f', 'x')} | "
             f"{_cell(row['acceptance'])} | {_cell(row['accepted_per_proposed'])} | {_cell(row['accepted_per_round'])} | "
@@ -349,6 +426,20 @@ def markdown(report: dict) -> str:
                      f"{costs['verify'][0] / short['verify'][0]:.2f}x, draft step "
                      f"{costs['draft_step'] / max(short['draft_step'], 1e-12):.2f}x their cost at context "
                      f"{CALIBRATION_CONTEXT}.")
+    if any((s or {}).get("stdev") is not None for s in spread.values()):
+        lines.append("tok/s of the 'all' rows with several passes: mean ± sample stddev of the passes' decode rates "
+                     "(each pass: summed tokens / summed decode seconds).")
+    llama = report.get("llama_server")
+    if llama:
+        lines.append("llama.cpp rows (llama:*): llama-server, one process per mode on the bundle's source GGUF, timed "
+                     "by its own /completion timings (decode: predicted_n / predicted_ms; prefill: prompt_ms); RSS: "
+                     "the server's peak (VmHWM). " + " ".join(llama.get("notes", [])))
+    info = report.get("provenance")
+    if info:
+        packages = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
+        lines.append(f"Commit {info['git_commit'] or '-'}; {packages}; Python {info['python']}; CPU {info['cpu']} "
+                     f"({info['cpu_count']} cores), {info['threads']} threads; bundle manifest sha256 "
+                     f"{(info['bundle_manifest_sha256'] or '-')[:16]}.")
     if report.get("peak_rss_mib") is not None:
         lines.append(f"Peak RSS of the bench process: {report['peak_rss_mib']:.0f} MiB.")
     if report.get("load_order"):

@@ -7,13 +7,15 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.bench.bench import build_modes, check_bench_args, check_writable, load_prompts, markdown, plot, preflight, run_bench
+from specdec.bench.bench import (build_modes, check_bench_args, check_writable, load_prompts, markdown, plot, preflight,
+                                 provenance, run_bench)
+from specdec.bench.llama_server import MODES as LLAMA_MODES
 from specdec.cli.args import add_load_args
 
 def add_bench_parser(commands) -> None:
     bench = commands.add_parser("bench", help="speculative vs target-only on a prompt set")
     bench.add_argument("bundle")
-    bench.add_argument("--prompts", required=True, help="JSON list of {id, kind, prompt}")
+    bench.add_argument("--prompts", default=None, help="JSON list of {id, kind, prompt} (or --session)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--draft-tokens", default="0,1,2,4,auto", help="comma list of draft lengths and/or auto")
     bench.add_argument("--proposers", default="", help="extra modes: comma list of lookup,hybrid (draft length auto)")
@@ -31,19 +33,82 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--peers-first", action="store_true",
                        help="load the peers' models before specdec's (on a 2-core CPU the session created first ran "
                             "2-3%% slower, whatever its graph: run both orders to see that effect)")
+    llama = bench.add_argument_group("llama.cpp peer")
+    llama.add_argument("--peer-llama-server", metavar="BIN",
+                       help="also time llama.cpp's llama-server (this binary) on the bundle's source GGUF: one server "
+                            "per mode on 127.0.0.1, timed by its /completion timings")
+    llama.add_argument("--peer-gguf", nargs="+", metavar="GGUF",
+                       help="TARGET [DRAFT] GGUF files for --peer-llama-server (default: the manifest's, if recorded)")
+    llama.add_argument("--llama-modes", default=",".join(LLAMA_MODES),
+                       help="comma list of llama.cpp modes (default: all; llama:draft needs the draft GGUF)")
+    llama.add_argument("--llama-draft-max", type=int, default=4, help="--spec-draft-n-max of llama:draft (default 4)")
+    llama.add_argument("--llama-context", type=int, default=None,
+                       help="llama-server -c (default: --max-context, else 4096)")
+    llama.add_argument("--llama-args", default="",
+                       help="extra llama-server arguments for every server, one string (e.g. --llama-args=--no-repack "
+                            "where ggml's AMX kernels crash)")
+    session = bench.add_argument_group("session benchmark (instead of --prompts)")
+    session.add_argument("--session", nargs="+", metavar="TRACE",
+                         help="replay these traces (tools/make_traces.py) through `specdec serve BUNDLE` over HTTP "
+                              "(and llama-server with --peer-llama-server)")
+    session.add_argument("--server-url", default=None,
+                         help="a running specdec server to replay against instead of starting one")
+    session.add_argument("--max-tokens-cap", type=int, default=None,
+                         help="cap every request's max_tokens / n_predict (short smoke runs)")
     add_load_args(bench)
 
 
-def load_peers(args, encode, say) -> tuple:
+def check_llama(args) -> tuple | None:
+    """(binary, target GGUF, draft GGUF or None, modes, extra server args) of --peer-llama-server, checked before
+    anything runs."""
+    from specdec.bench.llama_server import check_binary, resolve_ggufs
+
+    if not args.peer_llama_server:
+        if args.peer_gguf:
+            raise ValueError("--peer-gguf applies to --peer-llama-server")
+        return None
+    binary = check_binary(args.peer_llama_server)
+    target, draft = resolve_ggufs(args.bundle, args.peer_gguf)
+    modes = [m.strip() for m in args.llama_modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in LLAMA_MODES]
+    if unknown or not modes:
+        raise ValueError(f"--llama-modes takes a comma list of {', '.join(LLAMA_MODES)}, got {args.llama_modes!r}")
+    if args.llama_draft_max < 1:
+        raise ValueError(f"--llama-draft-max must be >= 1, got {args.llama_draft_max}")
+    import shlex
+
+    return binary, target, draft, modes, tuple(shlex.split(args.llama_args))
+
+
+def llama_context(args) -> int:
+    from specdec.bench.llama_server import DEFAULT_CONTEXT
+
+    return args.llama_context or args.max_context or DEFAULT_CONTEXT
+
+
+def load_peers(args, encode, say, llama=None) -> tuple:
     peers = []
-    if args.peer_genai:
-        from specdec.bench.peers import GenaiPeer
+    try:
+        if llama:
+            from specdec.bench.llama_server import LlamaServerPeer
 
-        peers.append(GenaiPeer(args.peer_genai, encode, args.max_new_tokens, say, args.threads))
-    if args.peer_transformers:
-        from specdec.bench.peers import TransformersPeer
+            binary, target, draft, modes, extra = llama
+            peers.append(LlamaServerPeer(binary, target, draft, encode, args.max_new_tokens, say, args.threads,
+                                         llama_context(args), modes, args.llama_draft_max, log_dir=args.out,
+                                         extra=extra))
+        if args.peer_genai:
+            from specdec.bench.peers import GenaiPeer
 
-        peers.append(TransformersPeer(*args.peer_transformers, encode, args.max_new_tokens, say))
+            peers.append(GenaiPeer(args.peer_genai, encode, args.max_new_tokens, say, args.threads))
+        if args.peer_transformers:
+            from specdec.bench.peers import TransformersPeer
+
+            peers.append(TransformersPeer(*args.peer_transformers, encode, args.max_new_tokens, say))
+    except BaseException:  # a later peer failed: stop the servers of the earlier ones
+        for peer in peers:
+            if hasattr(peer, "close"):
+                peer.close()
+        raise
     return tuple(peers)
 
 
@@ -51,25 +116,40 @@ def cmd_bench(args) -> int:
     from specdec.decoding.decoder import SpeculativeDecoder
 
     # everything is checked before the first run: a bad option never costs the runs before it
+    if bool(args.prompts) == bool(args.session):
+        raise ValueError("give --prompts FILE (per-prompt bench) or --session TRACE... (session replay), not both")
     check_bench_args(args)
+    if args.session:
+        return cmd_session(args)
+    llama = check_llama(args)
     prompts = load_prompts(args.prompts, args.limit)
     modes = build_modes(args.draft_tokens, args.proposers, args.trees)
     check_writable(Path(args.out))
     started = time.perf_counter()
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     encode = lambda text: decoder.codec.encode(text)  # noqa: E731  (peers encode only once the runs start)
-    if args.peers_first:
-        from specdec.runners.standard import session_options
+    peers = ()
+    try:  # llama-server processes are stopped whatever happens after they start
+        if args.peers_first:
+            from specdec.runners.standard import session_options
 
-        session_options(args.threads)  # the process-wide thread pool first, as when specdec's models load first
-        peers = load_peers(args, encode, say)
-    decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
-                                      threads=args.threads, verify=not args.no_verify)
-    preflight(decoder, prompts, modes, args.max_new_tokens, args.temperature)
-    if not args.peers_first:
-        peers = load_peers(args, encode, say)
-    report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat, peers=peers)
+            session_options(args.threads)  # the process-wide thread pool first, as when specdec's models load first
+            peers = load_peers(args, encode, say, llama)
+        decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
+                                          threads=args.threads, verify=not args.no_verify)
+        preflight(decoder, prompts, modes, args.max_new_tokens, args.temperature)
+        if not args.peers_first:
+            peers = load_peers(args, encode, say, llama)
+        report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat, peers=peers)
+        for peer in peers:
+            if hasattr(peer, "describe"):
+                report["llama_server"] = peer.describe() | {"context": llama_context(args)}
+    finally:
+        for peer in peers:
+            if hasattr(peer, "close"):
+                peer.close()
     report["command"] = args.command_line  # set by cli.main, its only caller
+    report["provenance"] = provenance(args.bundle, args.threads)
     if peers:
         report["load_order"] = "peers, then specdec" if args.peers_first else "specdec, then peers"
     report["seconds"] = time.perf_counter() - started
@@ -81,4 +161,52 @@ def cmd_bench(args) -> int:
     plotted = plot(report, out / "bench.png")
     print(table)
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + (f", {out / 'bench.png'}" if plotted else ""))
+    return 0
+
+
+def cmd_session(args) -> int:
+    """Replay traces through `specdec serve` (started here unless --server-url) and optionally llama-server."""
+    from specdec.bench.llama_server import LlamaServer
+    from specdec.bench.session import SessionServer, run_session, session_markdown, start_specdec_server
+    from specdec.bench.traces import load_trace
+
+    traces = [load_trace(path) for path in args.session]
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 0:
+        raise ValueError(f"--max-tokens-cap must be >= 0, got {args.max_tokens_cap}")
+    llama = check_llama(args)
+    out = Path(args.out)
+    check_writable(out)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    started = time.perf_counter()
+    servers = []
+    try:
+        if args.server_url:
+            servers.append(SessionServer("specdec", args.server_url, "specdec"))
+        else:
+            say(f"session: starting specdec serve {args.bundle}")
+            servers.append(start_specdec_server(args.bundle, args.threads, args.max_context,
+                                                str(out / "specdec-serve.log"), args.no_verify))
+        if llama:
+            binary, target, draft, modes, extra = llama
+            mode = modes[0] if len(modes) == 1 else "llama:target"  # one server: --llama-modes MODE picks it
+            say(f"session: starting llama-server ({mode})")
+            process = LlamaServer(binary, target, mode, draft, args.threads, llama_context(args),
+                                  args.llama_draft_max, log_path=str(out / "llama-server-session.log"),
+                                  extra=extra).start()
+            servers.append(SessionServer("llama.cpp", process.url, "llama", process))
+        report = run_session(traces, servers, args.max_tokens_cap, say)
+    finally:
+        for server in servers:
+            server.stop()
+    report["command"] = args.command_line
+    report["provenance"] = provenance(args.bundle, args.threads)
+    if llama:
+        report["llama_server"] = {"mode": mode, "argv": [Path(a).name if "/" in a else a for a in process.argv],
+                                  "context": llama_context(args)}
+    report["seconds"] = time.perf_counter() - started
+    (out / "session.json").write_text(json.dumps(report, indent=1))
+    table = session_markdown(report)
+    (out / "session.md").write_text(table)
+    print(table)
+    print(f"wrote {out / 'session.json'}, {out / 'session.md'}")
     return 0

@@ -1,0 +1,146 @@
+"""Session traces for ``specdec bench --session``, built from this Python's standard library.
+
+Nothing of the library is stored in the repository: ``tools/make_traces.py OUT_DIR`` writes the
+traces from ``inspect.getsource`` of stdlib modules. The same Python gives the same traces
+(``make_traces`` is deterministic; each trace names the Python version it came from). Token
+counts are estimated from characters (``CHARS_PER_TOKEN``, measured on Qwen2.5's tokenizer over
+stdlib sources); the session report gives the servers' own prompt token counts.
+
+A trace: ``{"name", "description", "python", "requests": [...]}``; a request is one of
+
+- ``{"route": "chat", "conversation": ID, "user": TEXT, "max_tokens": N}``: the next user turn of
+  conversation ID; the replay sends the conversation so far with, as assistant turns, the replies
+  the server actually gave, then this turn;
+- ``{"route": "completion", "prompt": TEXT, "max_tokens": N}``: ``/v1/completions``;
+- ``{"route": "infill", "input_prefix", "input_suffix", "input_extra": [{"filename", "text"}],
+  "prompt": "", "n_predict": N}``: llama.cpp's native ``/infill`` as llama.vscode sends it
+  (``n_predict: 0`` is its warm-up request, which only fills the cache).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import platform
+from pathlib import Path
+
+CHARS_PER_TOKEN = 4.4  # Qwen2.5's tokenizer on stdlib sources: 3.5 to 4.8 characters a token
+ROUTES = ("chat", "completion", "infill")
+
+CHAT_MODULE = "linecache"  # ~1,200 tokens (1,196 with Qwen2.5's tokenizer on Python 3.11)
+CHAT_TURNS = ("Here is a Python module:\n\n```python\n{source}```\n\nWhat does this module do? Answer briefly.",
+              "Which function would you call to read one line of a file, and what happens when the file is missing?",
+              "Is there any thread-safety concern in how the cache is updated? Point to the code.",
+              "Write a short unit test for getline using a temporary file.")
+CHAT_MAX_TOKENS = 128
+
+FIM_MODULE, FIM_EXTRA_MODULE = "fnmatch", "glob"
+FIM_START_LINE, FIM_STEP, FIM_REQUESTS, FIM_N_PREDICT = 40, 2, 12, 24
+FIM_EXTRA_LINES = 40  # llama.vscode's input_extra: a chunk of another open file
+
+LONG_MODULES = ("textwrap", "queue", "shlex")
+LONG_TOKENS, LONG_MAX_TOKENS = 1500, 128
+
+EDIT_FUNCTIONS = (("textwrap", "dedent"), ("difflib", "get_close_matches"), ("shlex", "quote"))
+EDIT_INSTRUCTIONS = ("Add type hints to this function. Reply with the whole function only.",
+                     "Now add a docstring with one example. Reply with the whole function only.",
+                     "Now rename the local variables to more descriptive names. Reply with the whole function only.")
+EDIT_MAX_TOKENS = 384
+
+
+def python_version() -> str:
+    return platform.python_version()
+
+
+def _source(name: str) -> str:
+    return inspect.getsource(importlib.import_module(name))
+
+
+def _cut(text: str, tokens: int) -> str:
+    """``text`` cut to about ``tokens`` tokens, back to the last line break."""
+    cut = text[: int(tokens * CHARS_PER_TOKEN)]
+    return cut[: cut.rfind("\n") + 1] or cut
+
+
+def _trace(name: str, description: str, requests: list) -> dict:
+    return {"name": name, "description": description, "python": python_version(), "requests": requests}
+
+
+def chat_trace() -> dict:
+    source = _source(CHAT_MODULE)
+    requests = [{"route": "chat", "conversation": "paste", "user": turn.format(source=source) if i == 0 else turn,
+                 "max_tokens": CHAT_MAX_TOKENS} for i, turn in enumerate(CHAT_TURNS)]
+    return _trace("chat-paste", f"4-turn chat over the pasted source of {CHAT_MODULE}.py (history resent each turn)",
+                  requests)
+
+
+def fim_trace() -> dict:
+    lines = _source(FIM_MODULE).splitlines(keepends=True)
+    extra = "".join(_source(FIM_EXTRA_MODULE).splitlines(keepends=True)[:FIM_EXTRA_LINES])
+    input_extra = [{"filename": f"{FIM_EXTRA_MODULE}.py", "text": extra}]
+
+    def request(line: int, n_predict: int) -> dict:
+        return {"route": "infill", "input_prefix": "".join(lines[:line]), "input_suffix": "".join(lines[line:]),
+                "input_extra": input_extra, "prompt": "", "n_predict": n_predict}
+
+    requests = [request(FIM_START_LINE, 0)]  # llama.vscode's warm-up: fills the cache, generates nothing
+    requests += [request(FIM_START_LINE + FIM_STEP * k, FIM_N_PREDICT) for k in range(FIM_REQUESTS)]
+    return _trace("fim-typing", f"editor typing in {FIM_MODULE}.py: a warm-up (n_predict 0), then {FIM_REQUESTS} "
+                  f"/infill requests, the cursor {FIM_STEP} lines further each time", requests)
+
+
+def long_trace() -> dict:
+    requests = [{"route": "completion", "prompt": _cut(_source(name), LONG_TOKENS), "max_tokens": LONG_MAX_TOKENS}
+                for name in LONG_MODULES]
+    return _trace("long-completion", f"~{LONG_TOKENS}-token stdlib sources ({', '.join(LONG_MODULES)}) continued "
+                  f"for {LONG_MAX_TOKENS} tokens", requests)
+
+
+def edit_trace() -> dict:
+    requests = []
+    for module, function in EDIT_FUNCTIONS:
+        source = inspect.getsource(getattr(importlib.import_module(module), function))
+        for i, instruction in enumerate(EDIT_INSTRUCTIONS):
+            user = f"```python\n{source}```\n\n{instruction}" if i == 0 else instruction
+            requests.append({"route": "chat", "conversation": f"{module}.{function}", "user": user,
+                             "max_tokens": EDIT_MAX_TOKENS})
+    return _trace("edit-agent", "3 stdlib functions, each rewritten under 3 successive instructions in one chat",
+                  requests)
+
+
+def make_traces() -> dict:
+    """file name -> trace."""
+    return {"chat-paste.json": chat_trace(), "fim-typing.json": fim_trace(), "long-completion.json": long_trace(),
+            "edit-agent.json": edit_trace()}
+
+
+def write_traces(out_dir) -> list:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, trace in make_traces().items():
+        (out / name).write_text(json.dumps(trace, indent=1) + "\n")
+        written.append(out / name)
+    return written
+
+
+def load_trace(path) -> dict:
+    """A trace file, checked: one ValueError line naming the file and the request."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the trace {path}: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("requests"), list) or not data["requests"]:
+        raise ValueError(f"{path} must be a trace: an object with a non-empty 'requests' list")
+    for index, request in enumerate(data["requests"]):
+        where = f"{path}: request {index}"
+        if not isinstance(request, dict) or request.get("route") not in ROUTES:
+            raise ValueError(f"{where} must be an object whose 'route' is one of {', '.join(ROUTES)}")
+        needed = {"chat": ("conversation", "user"), "completion": ("prompt",),
+                  "infill": ("input_prefix", "input_suffix")}[request["route"]]
+        for key in needed:
+            if not isinstance(request.get(key), str):
+                raise ValueError(f"{where}: '{key}' must be a string")
+    data.setdefault("name", Path(path).stem)
+    return data

@@ -222,3 +222,13 @@ def test_a_tree_node_s_row_is_never_reused_by_another_request():
     runner.keep_path([0, 2], 0)  # the accepted path: tokens 1, 3 at positions 0, 1
     assert runner.slot_ids[:2].tolist() == [1, 3] and runner.slot_positions[:2].tolist() == [0, 1]
     assert runner.held_prefix([1, 3]) == 1
+
+
+def test_clear_cache_makes_the_next_request_cold():
+    decoder = scripted_decoder()
+    prompt_ids = decoder.codec.encode(PROMPT)
+    decoder.generate(prompt_ids, max_new_tokens=4)
+    assert decoder.cached_prefix(prompt_ids) > 0
+    decoder.clear_cache()
+    assert decoder.cached_prefix(prompt_ids) == 0
+    assert decoder.generate(prompt_ids, max_new_tokens=4).stats.cached_tokens == 0

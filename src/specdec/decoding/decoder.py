@@ -207,6 +207,13 @@ class SpeculativeDecoder:
             raise GenerationError(f"stop_token_ids must be a list of token ids, got {user_stops!r}")
         return ids, tuple(user_stops) + fim_stop_ids(fim_tokens(self.manifest, self.codec))
 
+    def clear_cache(self) -> None:
+        """Forget what this decoder's own KV caches hold (the next request prefills from token 0; the shared
+        RAM prompt cache is untouched). For measuring cold starts; never needed for correctness."""
+        with self._exclusive():
+            for runner in filter(None, (self.target, self.draft)):
+                runner.reset()
+
     def cached_prefix(self, token_ids) -> int:
         """How many leading ``token_ids`` the target's cache holds now (what a request on them would not
         compute again). For routing a request to the worker that shares the most; takes no lock."""

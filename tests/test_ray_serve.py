@@ -34,6 +34,8 @@ def test_options_validated():
         RayOptions(bundle="b", model_name="m", replicas=0)
     with pytest.raises(ValueError, match="max_replicas"):
         RayOptions(bundle="b", model_name="m", replicas=2, max_replicas=1)
+    with pytest.raises(ValueError, match="cache_ram_mib"):
+        RayOptions(bundle="b", model_name="m", cache_ram_mib=-1)
     assert RayOptions(bundle="b", model_name="m", replicas=1, max_replicas=3, workers=2).scaling() == {
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}}
 

@@ -282,6 +282,57 @@ def test_infill_on_a_bundle_without_fim_tokens_is_400_saying_why(chat_bundle):
         assert suffix.status_code == 400 and "fill-in-the-middle" in suffix.json()["error"]["message"]
 
 
+class _Stream:
+    """decoder.stream's iterator over scripted pieces, each taking ``delay`` seconds."""
+
+    def __init__(self, pieces, delay):
+        self.pieces, self.delay, self.closed, self.token_ids = iter(pieces), delay, False, []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        piece = next(self.pieces)
+        time.sleep(self.delay)
+        self.token_ids.append(len(self.token_ids))
+        return piece
+
+    def close(self):
+        self.closed = True
+
+    finish_reason = "length"
+
+
+def test_time_limit_ends_at_a_newline_past_it():
+    """t_max_predict_ms (llama.cpp's): past the limit, the middle ends once a newline has been generated; the
+    decoder's stream is closed (the worker is free) and the finish says it was the limit."""
+    from specdec.serving.handlers import Done, Prepared, llama_answer, stream_work
+
+    stream = _Stream(["a", "b", "c\n", "d", "e", "f"], delay=0.02)
+
+    class Decoder:
+        def stream(self, prompt_ids, **options):
+            return stream
+
+    prepared = Prepared([1, 2], {"max_new_tokens": 6}, time_limit=0.03)
+    items = list(stream_work(prepared)(Decoder()))
+    pieces, done = items[:-1], items[-1]
+    assert pieces == ["a", "b", "c\n"] and isinstance(done, Done) and done.finish == "time" and stream.closed
+    assert llama_answer("abc\n", done, set(), MODEL, [])["stop_type"] == "limit"
+    untimed = _Stream(["a\n", "b"], delay=0.0)
+    Decoder.stream = lambda self, prompt_ids, **options: untimed
+    assert list(stream_work(Prepared([1], {"max_new_tokens": 2}))(Decoder()))[:-1] == ["a\n", "b"]
+
+
+def test_infill_stream_has_no_done_marker(served):
+    """llama-server's stream ends with the "stop": true line, not OpenAI's [DONE]."""
+    with httpx.stream("POST", f"{served}/infill", json={"input_prefix": "a", "n_predict": 2, "stream": True},
+                      timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines and all(line.startswith("data: {") for line in lines)
+    assert json.loads(lines[-1][6:])["stop"] is True
+
+
 # ----------------------------------------------------------------------------- --cache-ram
 def test_serve_cache_ram_reaches_the_decoder(fim_bundle, monkeypatch):
     """`specdec serve --cache-ram MiB` loads the decoder with cache_ram_mib (its pool's workers share it)."""

@@ -49,6 +49,9 @@ class RayOptions:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= replicas ({self.replicas})")
+        if isinstance(self.cache_ram_mib, bool) or not isinstance(self.cache_ram_mib, (int, float)) or not (
+                self.cache_ram_mib >= 0):
+            raise ValueError(f"cache_ram_mib must be a number >= 0, got {self.cache_ram_mib!r}")
         if not self.cpus_per_replica > 0:
             raise ValueError(f"cpus_per_replica must be > 0, got {self.cpus_per_replica}")
         if not 0 <= self.port <= 65535:

@@ -143,12 +143,21 @@ def test_replay_streams_interleaves_and_carries_each_servers_replies(fakes):
     assert rows[(2, "specdec")]["error"].startswith("HTTP 404") and rows[(3, "specdec")]["error"] is None
     assert rows[(0, "llama")]["cached_tokens"] == 95 and rows[(0, "llama")]["computed_tokens"] == 5
     assert rows[(0, "specdec")]["cached_tokens"] is None and rows[(0, "specdec")]["decode_tok_s"] == 12.5
-    assert rows[(2, "llama")]["prompt_tokens"] == 100 and rows[(2, "llama")]["cached_source"] == "timings"
+    assert rows[(2, "llama")]["prompt_tokens"] == 100 and rows[(2, "llama")]["cached_source"] == "native"
+    assert rows[(0, "llama")]["reported"]["usage"]["prompt_tokens_details"] == {"cached_tokens": 95}
     assert rows[(0, "llama")]["decode_tok_s"] == 40.0 and rows[(0, "llama")]["ttft_s"] is not None
     summary = {r["server"]: r for r in report["summary"]}
     assert summary["specdec"]["errors"] == 1 and summary["llama"]["cached_share"] == pytest.approx(0.95)
     text = session_markdown(report)
     assert "| t | 2 | infill | specdec |" in text and "HTTP 404" in text
+
+
+def test_native_answer_without_cache_n_uses_tokens_cached():
+    """specdec's /infill answers as llama.cpp's /completion does: tokens_cached / tokens_evaluated beside timings."""
+    got = measures({"timings": {"prompt_n": 30, "predicted_n": 8, "predicted_per_second": 9.0}, "tokens_cached": 70,
+                    "tokens_evaluated": 100, "ttft_s": 0.5, "total_s": 1.0, "pieces": 8})
+    assert (got["prompt_tokens"], got["cached_tokens"], got["computed_tokens"]) == (100, 70, 30)
+    assert got["decode_tok_s"] == 9.0
 
 
 def test_measures_fall_back_to_client_side_rate():

@@ -13,7 +13,7 @@ per request with its HTTP status and the replay continues.
 
 Per request: time to first token (first non-empty text piece), total time, prompt tokens, of
 them cached / computed (``usage.prompt_tokens_details.cached_tokens``; llama.cpp's native
-``/infill`` reports it as ``timings.cache_n``; blank when the server reports neither), new tokens,
+``/infill`` reports it as ``timings.cache_n`` / ``tokens_cached``; blank when the server reports none), new tokens,
 decode tokens/s (the server's own figure when it reports one: llama.cpp ``timings.predicted_per_second``,
 specdec's ``specdec.tokens_per_second``; else (new tokens - 1) / (total - first token)).
 """
@@ -30,6 +30,8 @@ import urllib.request
 from specdec.bench.llama_server import ServerProcess, free_port
 
 SPECDEC_HEALTH_TIMEOUT = 600.0
+# what servers report about a request, kept as sent: OpenAI usage, llama.cpp timings and native counts, specdec's own
+REPORTED = ("usage", "timings", "specdec", "tokens_cached", "tokens_evaluated")
 
 
 class SessionServer:
@@ -127,7 +129,7 @@ def send(url: str, path: str, body: dict, timeout: float = 900.0) -> dict:
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     result = {"status": None, "error": None, "text": "", "ttft_s": None, "total_s": None, "usage": None,
-              "timings": None, "specdec": None, "pieces": 0}
+              "timings": None, "specdec": None, "tokens_cached": None, "tokens_evaluated": None, "pieces": 0}
     pieces = []
     begin = time.perf_counter()
     try:
@@ -155,8 +157,8 @@ def send(url: str, path: str, body: dict, timeout: float = 900.0) -> dict:
                 if result["ttft_s"] is None:
                     result["ttft_s"] = time.perf_counter() - begin
                 pieces.append(text)
-            for key in ("usage", "timings", "specdec"):
-                if event.get(key):
+            for key in REPORTED:
+                if event.get(key) is not None:
                     result[key] = event[key]
     except (OSError, http.client.HTTPException, ValueError) as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -173,11 +175,12 @@ def measures(result: dict) -> dict:
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
     cached_source = "usage" if cached is not None else None
-    if cached is None and timings.get("cache_n") is not None:
-        cached, cached_source = timings["cache_n"], "timings"
-    prompt = usage.get("prompt_tokens")
+    for native in (timings.get("cache_n"), result.get("tokens_cached")):  # llama.cpp's native routes
+        if cached is None and native is not None:
+            cached, cached_source = native, "native"
+    prompt = usage.get("prompt_tokens", result.get("tokens_evaluated"))
     if prompt is None and timings.get("prompt_n") is not None:
-        prompt = timings["prompt_n"] + (timings.get("cache_n") or 0)
+        prompt = timings["prompt_n"] + (cached or 0)
     new = usage.get("completion_tokens", timings.get("predicted_n"))
     if new is None and result.get("pieces"):
         new = result["pieces"]  # a streamed piece per token at least on llama.cpp's native routes
@@ -216,7 +219,8 @@ def replay(traces: list, servers: list, max_tokens_cap: int | None = None, progr
                           "server": server.name, "status": result["status"], "error": result["error"],
                           "ttft_s": result["ttft_s"], "total_s": result["total_s"], **measures(result),
                           "max_tokens": body.get("max_tokens", body.get("n_predict")),
-                          "reply_chars": len(result["text"]), "rss_mib": server.rss_mib()}
+                          "reply_chars": len(result["text"]), "rss_mib": server.rss_mib(),
+                          "reported": {key: result[key] for key in REPORTED if result[key] is not None}}
                 records.append(record)
                 progress(f"[{trace['name']} {index + 1}/{len(trace['requests'])}] {server.name} {path}: "
                          + (record["error"] or f"ttft {_fmt(record['ttft_s'], '.3f')} s, total "
@@ -265,7 +269,7 @@ def session_markdown(report: dict) -> str:
                      f"{_fmt(r['decode_tok_s'], '.1f')} | {note.replace('|', '/')} |")
     lines += ["", "Requests interleaved per request across servers, each server with its own cache and conversation "
               "(chat turns carry that server's own earlier replies). TTFT: first non-empty streamed text. Cached: "
-              "usage.prompt_tokens_details.cached_tokens (llama.cpp native /infill: timings.cache_n); blank when "
+              "usage.prompt_tokens_details.cached_tokens (native /infill: timings.cache_n or tokens_cached); blank when "
               "not reported. Decode tok/s: the server's own figure, else client-side (new - 1) / (total - TTFT)."]
     rss = {name: value for name, value in (report.get("server_rss_mib") or {}).items() if value is not None}
     if rss:

@@ -56,10 +56,6 @@ class Prepared:
     options: dict = field(default_factory=dict)
     time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
 
-    @property
-    def max_new_tokens(self) -> int:
-        return self.options["max_new_tokens"]
-
 
 @dataclass
 class Done:

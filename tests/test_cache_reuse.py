@@ -232,3 +232,11 @@ def test_clear_cache_makes_the_next_request_cold():
     decoder.clear_cache()
     assert decoder.cached_prefix(prompt_ids) == 0
     assert decoder.generate(prompt_ids, max_new_tokens=4).stats.cached_tokens == 0
+
+
+def test_a_stream_s_finish_reason_is_none_while_it_runs():
+    stream = scripted_decoder().stream(PROMPT, max_new_tokens=30, num_draft_tokens=0)
+    next(stream)
+    assert stream.finish_reason is None
+    list(stream)
+    assert stream.finish_reason in ("eos", "stop", "length")

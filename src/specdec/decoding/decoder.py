@@ -380,7 +380,7 @@ class TextStream:
     @property
     def finish_reason(self) -> str | None:
         """None while the request runs; then "eos", "stop" or "length"."""
-        return self._state.finish
+        return self._state.finish or None
 
     @property
     def stats(self) -> GenerationStats:

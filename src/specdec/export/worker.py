@@ -40,11 +40,38 @@ def _worker_setup() -> None:
     import ctypes
     import signal
 
+    _quiet_third_party()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop_worker)  # the parent stops it: unwind, so its resources are released
     try:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
+        pass
+
+
+def _quiet_third_party() -> None:
+    """Keep torch's, transformers' and tqdm's warnings and progress bars out of an export's output (the
+    exporter reports its own progress and errors); ``SPECDEC_DEBUG=1`` keeps them."""
+    import logging
+    import os
+    import warnings
+
+    if os.environ.get("SPECDEC_DEBUG"):
+        return
+    warnings.filterwarnings("ignore")
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    for name in ("onnxscript", "transformers", "onnx_ir"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # torch configures its own loggers' levels when imported: a filter on the logger that warns survives that
+    logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(
+        lambda record: record.levelno >= logging.ERROR)  # "torchvision is not installed. Skipping ..."
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
         pass
 
 

@@ -27,10 +27,10 @@ LONG_CONTEXT = 512  # a prompt set whose median decode context reaches this is a
 
 def _decoder_limits() -> dict:
     """The decoder's own limits, so bench refuses exactly what generate() would refuse."""
-    from specdec.decoding import request
+    from specdec.contract import limits
+    from specdec.decoding.request import PROPOSERS
 
-    return {"max_draft": request.MAX_DRAFT_TOKENS, "max_tree_nodes": request.MAX_TREE_NODES,
-            "proposers": request.PROPOSERS}
+    return {"max_draft": limits.MAX_DRAFT_TOKENS, "max_tree_nodes": limits.MAX_TREE_NODES, "proposers": PROPOSERS}
 
 
 def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict:
@@ -178,6 +178,7 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
         for index, item in enumerate(prompts):
             shift = (index + rep) % len(labels)
             for mode in labels[shift:] + labels[:shift]:
+                decoder.clear_cache()  # every run prefills from token 0: a mode never inherits another's cache
                 result = decoder.generate(item["prompt"], max_new_tokens=max_new_tokens, sampling=sampling,
                                           seed=rep, **modes[mode])
                 done += 1

@@ -16,8 +16,8 @@ def test_traces_are_deterministic_and_have_the_promised_shapes(tmp_path):
     first, second = traces.make_traces(), traces.make_traces()
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     written = traces.write_traces(tmp_path)
-    assert sorted(p.name for p in written) == ["chat-paste.json", "edit-agent.json", "fim-typing.json",
-                                               "long-completion.json"]
+    assert sorted(p.name for p in written) == ["chat-paste.json", "edit-agent.json", "editor-completion.json",
+                                               "fim-typing.json", "long-completion.json"]
     assert all(traces.load_trace(p) == first[p.name] for p in written)
     tokens = lambda text: len(text) / traces.CHARS_PER_TOKEN  # noqa: E731  (the generator's own estimate)
 
@@ -32,6 +32,11 @@ def test_traces_are_deterministic_and_have_the_promised_shapes(tmp_path):
     assert all(len(b["input_suffix"]) < len(a["input_suffix"]) for a, b in zip(fim[1:], fim[2:]))
     assert len({r["input_prefix"] + r["input_suffix"] for r in fim}) == 1  # one file, the cursor moving
     assert all(r["input_extra"] and r["input_extra"][0]["filename"].endswith(".py") for r in fim)
+
+    editor = first["editor-completion.json"]["requests"]
+    assert len(editor) == 12 and all(r["route"] == "completion" and r["max_tokens"] == 24 for r in editor)
+    assert [r["prompt"].count("\n") for r in editor] == [90 + 2 * k for k in range(12)]
+    assert all(b["prompt"].startswith(a["prompt"]) for a, b in zip(editor, editor[1:]))  # the file grows at its end
 
     long = first["long-completion.json"]["requests"]
     assert all(r["route"] == "completion" and r["max_tokens"] == 128 and 1200 < tokens(r["prompt"]) <= 1500

@@ -39,6 +39,8 @@ FIM_MODULE, FIM_EXTRA_MODULE = "fnmatch", "glob"
 FIM_START_LINE, FIM_STEP, FIM_REQUESTS, FIM_N_PREDICT = 40, 2, 12, 24
 FIM_EXTRA_LINES = 40  # llama.vscode's input_extra: a chunk of another open file
 
+EDITOR_MODULE, EDITOR_START_LINE, EDITOR_STEP, EDITOR_REQUESTS, EDITOR_MAX_TOKENS = "fnmatch", 90, 2, 12, 24
+
 LONG_MODULES = ("textwrap", "queue", "shlex")
 LONG_TOKENS, LONG_MAX_TOKENS = 1500, 128
 
@@ -90,6 +92,15 @@ def fim_trace() -> dict:
                   f"/infill requests, the cursor {FIM_STEP} lines further each time", requests)
 
 
+def editor_trace() -> dict:
+    """Completion at the end of a growing file (no suffix): the shape of an editor completing as one types on."""
+    lines = _source(EDITOR_MODULE).splitlines(keepends=True)
+    requests = [{"route": "completion", "prompt": "".join(lines[: EDITOR_START_LINE + EDITOR_STEP * k]),
+                 "max_tokens": EDITOR_MAX_TOKENS} for k in range(EDITOR_REQUESTS)]
+    return _trace("editor-completion", f"the first {EDITOR_START_LINE} lines of {EDITOR_MODULE}.py, {EDITOR_STEP} lines "
+                  f"more each request, {EDITOR_MAX_TOKENS} tokens each ({EDITOR_REQUESTS} requests)", requests)
+
+
 def long_trace() -> dict:
     requests = [{"route": "completion", "prompt": _cut(_source(name), LONG_TOKENS), "max_tokens": LONG_MAX_TOKENS}
                 for name in LONG_MODULES]
@@ -111,8 +122,8 @@ def edit_trace() -> dict:
 
 def make_traces() -> dict:
     """file name -> trace."""
-    return {"chat-paste.json": chat_trace(), "fim-typing.json": fim_trace(), "long-completion.json": long_trace(),
-            "edit-agent.json": edit_trace()}
+    return {"chat-paste.json": chat_trace(), "fim-typing.json": fim_trace(), "editor-completion.json": editor_trace(),
+            "long-completion.json": long_trace(), "edit-agent.json": edit_trace()}
 
 
 def write_traces(out_dir) -> list:

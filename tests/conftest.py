@@ -16,6 +16,36 @@ os.environ.setdefault("SPECDEC_CACHE", tempfile.mkdtemp(prefix="specdec-test-cac
 from tiny_models import build_tiny_model, build_noisy_copy  # noqa: E402
 
 
+def _export_in_process(function, *args):
+    """``run_isolated`` without the worker process: the tiny models need no memory isolation, and a fresh
+    interpreter importing torch per model cost most of the suite's time. Failures come back exactly as the
+    worker sends them (one-line ExportError, role-prefixed unless already specdec's). The worker itself
+    (death, one-line errors, signals) is tested directly in test_export_errors and through the CLI."""
+    import traceback
+
+    from specdec.export.sources import SourceError
+    from specdec.export.worker import ExportError, one_line
+
+    try:
+        return function(*args)
+    except Exception as exc:
+        role = next((a for a in args if isinstance(a, str) and a in ("target", "draft")), "export")
+        message = one_line(exc)
+        if not isinstance(exc, (SourceError, ExportError)):
+            message = f"{role}: export failed: {message}"
+        raise ExportError(message, traceback.format_exc()) from None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the first integration test's fixtures (session-scoped bundles included): exports run in this process
+    (see _export_in_process) for the rest of the session. The fast loop never imports the exporter."""
+    if item.get_closest_marker("integration") is not None:
+        from specdec.export import bundle as bundle_module
+
+        bundle_module.run_isolated = _export_in_process
+
+
 @pytest.fixture(scope="session")
 def tiny_pair_dirs(tmp_path_factory):
     """(target folder, draft folder): a llama target and a draft that is a noisy copy of it."""
@@ -69,6 +99,61 @@ def long_decoder_bundle_free_runner(tiny_standard_bundle):
     return runner
 
 
+class _BundlesPerForm:
+    """(architecture, graph form) -> one tiny target-only bundle (seed 0, max 2048 positions, parity checked),
+    exported on first use and shared for the session by test_export_architectures (fused parity of every
+    architecture), test_tensorrt_ops (standard form: parity and the TensorRT op table) and test_fused_graph
+    (both forms side by side) and test_host_overhead."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._models, self._bundles = {}, {}
+
+    def model(self, arch: str) -> Path:
+        if arch not in self._models:
+            self._models[arch] = build_tiny_model(self.root / f"hf-{arch}", arch, seed=0, max_positions=2048)
+        return self._models[arch]
+
+    def __call__(self, arch: str, form: str):
+        """(bundle folder, the Manifest export_bundle returned)"""
+        from specdec.export.bundle import ExportOptions, export_bundle
+
+        if (arch, form) not in self._bundles:
+            out = self.root / f"{arch}-{form}"
+            manifest = export_bundle(ExportOptions(target=str(self.model(arch)), draft=None, out=out, graph=form),
+                                     progress=lambda msg: None)
+            self._bundles[(arch, form)] = (out, manifest)
+        return self._bundles[(arch, form)]
+
+
+@pytest.fixture(scope="session")
+def bundle_per_form(tmp_path_factory):
+    pytest.importorskip("torch")
+    return _BundlesPerForm(tmp_path_factory.mktemp("per_form"))
+
+
+@pytest.fixture(scope="session")
+def quantized_pair_bundle(tiny_pair_dirs, tmp_path_factory):
+    """(quant, dtype) -> (folder, Manifest) of the tiny pair exported weight-only quantized, once per session
+    (test_export_architectures decodes them; test_tensorrt_ops checks the int4 QDQ graph's ops)."""
+    pytest.importorskip("torch")
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    root = tmp_path_factory.mktemp("quantized")
+    built = {}
+
+    def get(quant: str, dtype: str):
+        if (quant, dtype) not in built:
+            target, draft = tiny_pair_dirs
+            out = root / f"{quant}-{dtype}"
+            manifest = export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, quant=quant,
+                                                   dtype=dtype), progress=lambda msg: None)
+            built[(quant, dtype)] = (out, manifest)
+        return built[(quant, dtype)]
+
+    return get
+
+
 # A chat template in the style of ChatML, on two filler ids of the tiny vocabulary made special tokens
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<extra_121>{{ message['role'] }}\n{{ message['content'] }}<extra_120>\n{% endfor %}"
@@ -107,7 +192,7 @@ def chat_bundle(tiny_bundle, tmp_path_factory):
 # integration test, marked here automatically: by the fixtures it uses (every exporting fixture is one
 # of these) and by what its body calls. ``python -m pytest -m "not integration"`` is the fast loop.
 INTEGRATION_FIXTURES = {"tiny_pair_dirs", "tiny_bundle", "tiny_standard_bundle", "tiny_decoder", "chat_bundle",
-                        "long_decoder_bundle_free_runner", "bundle_per_form", "real_pair"}
+                        "long_decoder_bundle_free_runner", "bundle_per_form", "quantized_pair_bundle", "real_pair"}
 INTEGRATION_CALLS = ("export_bundle", "build_tiny_model", "subprocess.", "run_cli(", "specdec-export", "ray.",
                      "uvicorn", "prune_bundle", "export_model")
 

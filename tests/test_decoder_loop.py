@@ -8,7 +8,7 @@ import pytest
 from specdec.decoding.request import GenerationError
 from specdec.sampling.processors import DistributionError, SamplingConfig
 
-from scripted import scripted_decoder
+from scripted import forked_map, scripted_decoder
 
 MODES = [
     dict(num_draft_tokens=0),
@@ -102,9 +102,13 @@ def chi_square_pvalue(decoder, mode, acceptance, runs=RUNS):
     joint = exact_joint(decoder.target.model, STAT_PROMPT, STAT_CONFIG)
     keys = sorted(joint)
     counts = dict.fromkeys(keys, 0)
-    for seed in range(runs):
-        out = decoder.generate(STAT_PROMPT, max_new_tokens=3, sampling=STAT_CONFIG, seed=seed, acceptance=acceptance, **mode).token_ids
-        counts[tuple(out)] += 1
+
+    def draw(seed):
+        return tuple(decoder.generate(STAT_PROMPT, max_new_tokens=3, sampling=STAT_CONFIG, seed=seed,
+                                      acceptance=acceptance, **mode).token_ids)
+
+    for out in forked_map(draw, range(runs)):  # the same `runs` seeded draws, on two cores when there are two
+        counts[out] += 1
     expected = np.array([joint[k] for k in keys]) * runs
     observed = np.array([counts[k] for k in keys], dtype=float)
     big = expected >= 5  # pool the rare cells so the chi-square approximation holds
@@ -170,46 +174,85 @@ def test_planted_bugs_fail_the_distribution_test(stat_decoder, monkeypatch, plan
     assert chi_square_pvalue(stat_decoder, dict(num_draft_tokens=3, proposer="draft"), acceptance) < 1e-4
 
 
-# ---------------------------------------------------------------- stop strings: stream == generate
+# ---------------------------------------------------------------- stop strings: text == an independent rendering
 STOPS = [["k<"], ["<"], ["é"], ["€"], ["\n\n"], ["b", "xyz"], ["zzz"]]
+
+
+def _rendered(codec, token_ids, stop) -> tuple:
+    """(text, stopped) the stop rule gives for ``token_ids``, rendered independently of the decoder's text path
+    (its IncrementalDecoder / StopStrings): decode every id at once, cut before the earliest stop string."""
+    full = codec.decode(token_ids)
+    found = [full.find(s) for s in stop if s in full]
+    return (full[: min(found)], True) if found else (full, False)
 
 
 @pytest.mark.parametrize("stop", STOPS, ids=str)
 @pytest.mark.parametrize("mode", [dict(num_draft_tokens=0), dict(num_draft_tokens=3, proposer="draft"),
                                   dict(tree="2,2,1")], ids=str)
-def test_stream_equals_generate_for_every_stop_string(mode, stop):
-    """stream and generate give the same text and tokens; the text ends before the first stop string."""
+def test_stream_and_generate_text_is_the_stop_rule_applied_to_target_only_tokens(mode, stop):
+    """stream's pieces and generate's text both equal target-only decoding's tokens (no stop strings), decoded in
+    one go and cut before the first stop string; generation stops at the token completing it, and no prefix of the
+    stream ever shows a stop string."""
     dec = scripted_decoder(seed=2)
+    stopped_runs = 0
     for seed in range(6):
         args = dict(max_new_tokens=60, sampling=SamplingConfig(temperature=1.0), seed=seed, stop=stop, **mode)
+        reference = dec.generate(PROMPT, max_new_tokens=60, sampling=SamplingConfig(temperature=1.0), seed=seed,
+                                 num_draft_tokens=0)
+        expected, stops_here = _rendered(dec.codec, reference.token_ids, stop)
         result = dec.generate(PROMPT, **args)
         stream = dec.stream(PROMPT, **args)
+        assert not stream.finish_reason  # nothing ran yet
         pieces = list(stream)
-        assert "".join(pieces) == result.text
-        assert stream.token_ids == result.token_ids and stream.finish_reason == result.finish_reason
-        full = dec.codec.decode(result.token_ids)
-        if result.finish_reason == "stop":
-            cut = min(full.find(s) for s in stop if s in full)
-            assert result.text == full[:cut]
+        assert "".join(pieces) == expected, (seed, pieces)
+        assert result.text == expected, seed
+        # the emitted tokens render to the same text, and are the reference's up to the stop
+        assert _rendered(dec.codec, result.token_ids, stop) == (expected, stops_here), seed
+        assert stream.token_ids == result.token_ids == reference.token_ids[: len(result.token_ids)], seed
+        if stops_here:
+            stopped_runs += 1
+            assert result.finish_reason == stream.finish_reason == "stop", seed
+            # the last token completed the stop string: without it, no stop string is in the text
+            assert not any(s in dec.codec.decode(result.token_ids[:-1]) for s in stop), seed
         else:
-            assert not any(s in result.text for s in stop)
+            assert result.token_ids == reference.token_ids and result.finish_reason == reference.finish_reason
+            assert stream.finish_reason == reference.finish_reason, seed
         for i in range(1, len(pieces) + 1):  # no piece ever shows a stop string's start that later completes
             assert not any(s in "".join(pieces[:i]) for s in stop)
+    if stop[0] in ("k<", "<", "é", "b"):  # these seeds reach these stop strings ("€", "\n\n", "zzz": never)
+        assert stopped_runs, "no run reached the stop string: the case tests nothing"
 
 
 def test_stop_string_spanning_tokens_never_leaks(decoder):
-    """The tester's case: stop "k<" over two tokens: stream must not show "k" before the stop completes."""
+    """The tester's case: stop "k<" over two tokens ("k", then "<", in different rounds): stream must not show "k"
+    before the stop completes. The streamed text equals the target-only tokens decoded at once and cut before "k<" (so no held-back
+    "k" was shown and no text was lost). Most seeds reach "k<" as its own token; 86 and 106 reach it as "k" + "<"."""
     dec = scripted_decoder(seed=2)
-    for seed in range(20):
-        args = dict(max_new_tokens=60, sampling=SamplingConfig(temperature=1.0), seed=seed, stop=["k<"])
-        assert "".join(dec.stream(PROMPT, **args)) == dec.generate(PROMPT, **args).text
+    stopped = spanning = 0
+    for seed in [*range(20), 86, 106]:
+        sampling = SamplingConfig(temperature=1.0)
+        reference = dec.generate(PROMPT, max_new_tokens=60, sampling=sampling, seed=seed, num_draft_tokens=0)
+        expected, stops_here = _rendered(dec.codec, reference.token_ids, ["k<"])
+        if stops_here:  # which token completed the stop string: "<" after a "k" token is the spanning case
+            ids = reference.token_ids
+            last = next(i for i in range(len(ids)) if "k<" in dec.codec.decode(ids[: i + 1]))
+            stopped += 1
+            spanning += dec.codec.decode(ids[last: last + 1]) == "<" and dec.codec.decode(ids[last - 1: last]) == "k"
+        for mode in (dict(num_draft_tokens=0), dict()):  # one token per round (a piece between "k" and "<"); auto
+            streamed = "".join(dec.stream(PROMPT, max_new_tokens=60, sampling=sampling, seed=seed, stop=["k<"], **mode))
+            assert streamed == expected, (seed, mode)
+    assert stopped >= 3 and spanning >= 1, (stopped, spanning)
 
 
 def test_bare_string_is_one_stop_string(decoder):
     result = decoder.generate(PROMPT, max_new_tokens=40, sampling=SAMPLED[0], seed=1, stop="abc")
     assert "abc" not in result.text
-    texts = [decoder.generate(PROMPT, max_new_tokens=40, sampling=SAMPLED[0], seed=s, stop="xy").text for s in range(5)]
-    assert all("xy" not in t for t in texts) and any("x" in t or "y" in t or True for t in texts)
+    # "ab" as a bare string stops at "ab" only: its characters "a" and "b" (each its own token) still appear
+    texts = [decoder.generate(PROMPT, max_new_tokens=40, sampling=SAMPLED[0], seed=s, stop="ab").text for s in range(8)]
+    assert all("ab" not in t for t in texts)
+    assert any("a" in t or "b" in t for t in texts), texts
+    assert texts == [decoder.generate(PROMPT, max_new_tokens=40, sampling=SAMPLED[0], seed=s, stop=["ab"]).text
+                     for s in range(8)]
 
 
 # ---------------------------------------------------------------- API arguments: one ValueError naming each
@@ -218,7 +261,7 @@ BAD = [
     (dict(prompt=[5.7]), "prompt"), (dict(prompt=["5"]), "prompt"), (dict(prompt=[]), "prompt"), (dict(prompt=""), "prompt"),
     (dict(prompt=[99]), "prompt"), (dict(tree=5), "tree"), (dict(tree="x"), "tree"), (dict(stop=[123]), "stop"),
     (dict(stop=[""]), "stop"), (dict(seed=-1), "seed"), (dict(seed="abc"), "seed"), (dict(seed=1.5), "seed"),
-    (dict(max_new_tokens=0), "max_new_tokens"), (dict(max_new_tokens="3"), "max_new_tokens"),
+    (dict(max_new_tokens=-1), "max_new_tokens"), (dict(max_new_tokens="3"), "max_new_tokens"),
     (dict(num_draft_tokens=99), "num_draft_tokens"), (dict(num_draft_tokens="x"), "num_draft_tokens"),
     (dict(proposer="magic"), "proposer"), (dict(tree="2,2", num_draft_tokens=0), "tree"),
     (dict(sampling="greedy"), "sampling"), (dict(acceptance="maybe"), "acceptance"),

@@ -12,9 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from specdec.export.architectures import ARCHITECTURES  # noqa: E402
-from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
 from specdec.contract.manifest import Manifest  # noqa: E402
-from tiny_models import ARCHS, build_tiny_model  # noqa: E402
+from tiny_models import ARCHS  # noqa: E402
 
 TOLERANCE = 1e-4
 
@@ -24,32 +23,29 @@ def test_every_table_architecture_is_tested():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_architecture_exports_with_parity(arch, tmp_path):
-    target = build_tiny_model(tmp_path / "model", arch, seed=0)
-    manifest = export_bundle(ExportOptions(target=str(target), draft=None, out=tmp_path / "bundle"),
-                             progress=lambda msg: None)
+def test_architecture_exports_with_parity(arch, bundle_per_form):
+    """The default (fused) form of every architecture; test_tensorrt_ops checks the standard form's parity."""
+    bundle, manifest = bundle_per_form(arch, "fused")
     report = manifest.extra["parity_max_abs_error"]["target"]["float"]
     assert set(report) == {"prefill", "decode", "chain_verify", "tree", "rows_vs_decode"}
     for scenario, errors in report.items():
         assert errors["logits"] < TOLERANCE, (scenario, errors)
         assert errors["kv"] < TOLERANCE, (scenario, errors)
     # the manifest on disk round-trips to the same dataclass
-    assert Manifest.read(tmp_path / "bundle") == manifest
+    assert Manifest.read(bundle) == manifest
     spec = manifest.target
-    assert spec.architecture == arch and spec.vocab_size == 128
+    assert spec.architecture == arch and spec.vocab_size == 128 and spec.graph == "fused"
     assert spec.has_sliding_mask == (arch in ("mistral", "gemma3_text"))
-    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["format_version"] == 1
+    assert json.loads((bundle / "manifest.json").read_text())["format_version"] == 1
 
 
 @pytest.mark.parametrize("quant,dtype", [("int4", "float32"), ("int8", "float32"), ("int4-qdq", "float32"),
                                          ("int4-qdq", "float16")])  # the last: TensorRT's int4 weight-only form
-def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, tiny_pair_dirs, tmp_path):
+def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, quantized_pair_bundle):
     """MatMulNBits / int4 QDQ bundles: every MatMul weight quantized, parity reported, the runtime decodes exactly."""
     from specdec import SpeculativeDecoder
 
-    target, draft = tiny_pair_dirs
-    manifest = export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "b", quant=quant,
-                                              dtype=dtype), progress=lambda msg: None)
+    bundle, manifest = quantized_pair_bundle(quant, dtype)
     assert manifest.target.quant == quant and manifest.draft.quant == quant
     parity = manifest.extra["parity_max_abs_error"]["target"]
     assert set(parity) == {"float", quant} and isinstance(parity[quant], dict)  # the quantized graph was checked
@@ -57,14 +53,14 @@ def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, tiny_pair_d
     import onnx
 
     for role, block in (("target", 32), ("draft", 128)):
-        graph_nodes = onnx.load(str(tmp_path / "b" / role / "model.onnx"), load_external_data=False).graph.node
+        graph_nodes = onnx.load(str(bundle / role / "model.onnx"), load_external_data=False).graph.node
         sizes = {a.i for n in graph_nodes for a in n.attribute if a.name == "block_size"}
         assert sizes == {block}, (role, sizes)
-    graph = (tmp_path / "b" / "target" / "model.onnx").read_bytes()
+    graph = (bundle / "target" / "model.onnx").read_bytes()
     if quant == "int4-qdq":  # standard ops only (what TensorRT parses): blocked int4 DequantizeLinear + MatMul
         import onnx
 
-        model = onnx.load(str(tmp_path / "b" / "target" / "model.onnx"), load_external_data=False)
+        model = onnx.load(str(bundle / "target" / "model.onnx"), load_external_data=False)
         assert b"MatMulNBits" not in graph
         assert {o.domain for o in model.opset_import} <= {"", "ai.onnx"}
         assert max(o.version for o in model.opset_import) >= 21
@@ -73,7 +69,7 @@ def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, tiny_pair_d
         assert dq and len(int4) == len(dq)
     else:
         assert b"MatMulNBits" in graph
-    decoder = SpeculativeDecoder.load(tmp_path / "b")
+    decoder = SpeculativeDecoder.load(bundle)
     baseline = decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=0)
     assert decoder.generate("def f(x):", max_new_tokens=24, num_draft_tokens=3, proposer="draft").token_ids \
         == baseline.token_ids

@@ -28,17 +28,11 @@ TOLERANCE = 1e-4
 FORM_ARCHS = ("llama", "mistral", "gemma3_text", "gpt2")
 
 
-@pytest.fixture(scope="module", params=FORM_ARCHS)
-def both_forms(request, tmp_path_factory):
-    """(arch, {"fused": bundle dir, "standard": bundle dir}) of one tiny target, max 2048 positions."""
-    root = tmp_path_factory.mktemp(f"forms-{request.param}")
-    model = build_tiny_model(root / "hf", request.param, seed=0, max_positions=2048)
-    bundles = {}
-    for form in ("fused", "standard"):
-        bundles[form] = root / form
-        export_bundle(ExportOptions(target=str(model), draft=None, out=bundles[form], graph=form),
-                      progress=lambda msg: None)
-    return request.param, bundles
+@pytest.fixture(params=FORM_ARCHS)
+def both_forms(request, bundle_per_form):
+    """(arch, {"fused": bundle dir, "standard": bundle dir}) of one tiny target, max 2048 positions (the session's
+    shared bundles: test_export_architectures and test_tensorrt_ops check the same ones for every architecture)."""
+    return request.param, {form: bundle_per_form(request.param, form)[0] for form in ("fused", "standard")}
 
 
 def _runner(bundle, max_context=64, steps=32):

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 from onnx import TensorProto  # noqa: E402
 
 from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
-from tiny_models import ARCHS, build_tiny_model  # noqa: E402
+from tiny_models import ARCHS  # noqa: E402
 
 _ALL = ("FP32", "FP16", "BF16", "INT32", "INT64", "BOOL")
 _FLOAT = ("FP32", "FP16", "BF16")
@@ -114,23 +114,23 @@ def tensorrt_problems(model) -> list:
 
 
 @pytest.fixture(scope="module")
-def standard_graphs(tmp_path_factory):
-    """(graph, parity report) of standard-form tiny targets: every architecture in float32 (with parity),
-    llama in float16 and int4-qdq."""
-    root = tmp_path_factory.mktemp("trt")
-    cases = [(arch, "float32", "none") for arch in ARCHS] + [("llama", "float16", "none"),
-                                                             ("llama", "float32", "int4-qdq")]
+def standard_graphs(bundle_per_form, quantized_pair_bundle, tmp_path_factory):
+    """(graph, parity report) of standard-form tiny targets: every architecture in float32 (with parity; the
+    session's shared bundles), llama in float16 and int4-qdq (the quantized pair's target)."""
     graphs = {}
-    for arch, dtype, quant in cases:
-        model = root / f"hf-{arch}"
-        if not model.exists():
-            build_tiny_model(model, arch, seed=0)
-        out = root / f"{arch}-{dtype}-{quant}"
-        manifest = export_bundle(ExportOptions(target=str(model), draft=None, out=out, dtype=dtype, quant=quant,
-                                               graph="standard", parity=dtype == "float32" and quant == "none"),
-                                 progress=lambda msg: None)
-        graphs[(arch, dtype, quant)] = (onnx.load(str(out / "target/model.onnx"), load_external_data=False),
-                                        manifest.extra["parity_max_abs_error"].get("target", {}))
+    for arch in ARCHS:
+        out, manifest = bundle_per_form(arch, "standard")
+        graphs[(arch, "float32", "none")] = (onnx.load(str(out / "target/model.onnx"), load_external_data=False),
+                                             manifest.extra["parity_max_abs_error"].get("target", {}))
+    out, manifest = quantized_pair_bundle("int4-qdq", "float32")
+    assert manifest.target.graph == "standard"
+    graphs[("llama", "float32", "int4-qdq")] = (onnx.load(str(out / "target/model.onnx"), load_external_data=False),
+                                                manifest.extra["parity_max_abs_error"].get("target", {}))
+    out = tmp_path_factory.mktemp("trt") / "llama-float16"
+    manifest = export_bundle(ExportOptions(target=str(bundle_per_form.model("llama")), draft=None, out=out,
+                                           dtype="float16", graph="standard", parity=False), progress=lambda msg: None)
+    graphs[("llama", "float16", "none")] = (onnx.load(str(out / "target/model.onnx"), load_external_data=False),
+                                            manifest.extra["parity_max_abs_error"].get("target", {}))
     return graphs
 
 

@@ -107,7 +107,8 @@ def test_warm_cache_returns_the_cold_tokens_on_exported_graphs(form, request):
             cold = warm.fork().generate(turn, max_new_tokens=16, **mode, **options)
             assert got.token_ids == cold.token_ids, (mode, options)
             assert reply.stats.cached_tokens == len(prompt_ids) - 1
-            assert got.stats.cached_tokens >= len(prompt_ids) + len(reply.token_ids) - 1
+            # a tree node's rows are never reused (they may round differently): after a tree reply only the prompt
+            assert got.stats.cached_tokens >= len(prompt_ids) + (0 if "tree" in mode else len(reply.token_ids) - 1)
 
 
 # ----------------------------------------------------------------------------- the prompt cache in host RAM

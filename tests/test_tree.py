@@ -169,6 +169,7 @@ def test_a_tree_request_never_calibrates_chain_costs(tiny_decoder, monkeypatch):
 
     worker = tiny_decoder.fork()
     worker._costs = None
+    worker._calibration_key = None  # costs another test measured are on disk: this decoder must measure its own
     calls = []
     monkeypatch.setattr(decoder_module, "calibrate", lambda *args, **kwargs: calls.append(1) or _refuse_calibration())
     for tree in ("2,2,1", "auto"):

@@ -64,3 +64,30 @@ def test_int4_chains_equal_target_only_and_trees_are_reported():
             assert decoder.generate(item["prompt"], max_new_tokens=48, **mode).token_ids == baseline, (item["id"], mode)
         trees_same += decoder.generate(item["prompt"], max_new_tokens=48, tree="2,2,1").token_ids == baseline
     print(f"int4 tree 2,2,1 == target-only on {trees_same}/{len(prompts)} prompts")
+
+
+def test_int4_warm_cache_equals_cold_cache_in_every_mode():
+    """A chat's second turn on a warm cache (its history's rows reused, in both models, from the RAM cache too)
+    returns the tokens a cold decoder returns: greedy and seeded sampling, every mode."""
+    from specdec import SamplingConfig, SpeculativeDecoder
+
+    bundle = _bundle("SPECDEC_INT4_BUNDLE", "int4")
+    warm = SpeculativeDecoder.load(bundle, cache_ram_mib=256)
+    cold = SpeculativeDecoder.load(bundle)
+    modes = ({"num_draft_tokens": 0}, {"num_draft_tokens": 2, "proposer": "draft"}, {"proposer": "lookup"},
+             {"proposer": "hybrid"}, {"tree": "2,2,1"}, {"tree": "auto"})
+    for item in _prompts()[:3]:
+        first = [{"role": "user", "content": item["prompt"]}]
+        for mode in modes:
+            for sampling in ({}, {"sampling": SamplingConfig(temperature=0.7), "seed": 3}):
+                reply = warm.chat(first, max_new_tokens=32, **mode, **sampling)
+                turn = first + [{"role": "assistant", "content": reply.text},
+                                {"role": "user", "content": "Now make it shorter."}]
+                for decoder in (warm, warm.fork()):  # its own cache; another worker through the RAM cache
+                    got = decoder.chat(turn, max_new_tokens=32, **mode, **sampling)
+                    cold.target.reset()
+                    if cold.draft is not None:
+                        cold.draft.reset()
+                    expected = cold.chat(turn, max_new_tokens=32, **mode, **sampling)
+                    assert got.token_ids == expected.token_ids, (item["id"], mode, sampling)
+                    assert got.stats.cached_tokens > 0

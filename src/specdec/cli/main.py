@@ -37,6 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"])
     chat.add_argument("--tree", default=None)
 
+    infill = commands.add_parser("infill", help="fill in the middle between a prefix and a suffix (code models)")
+    infill.add_argument("bundle")
+    infill.add_argument("--prefix", default=None, help="the text before the cursor")
+    infill.add_argument("--suffix", default="", help="the text after the cursor")
+    infill.add_argument("--file", default=None, help="a file to complete inside (with --line; the prefix and suffix "
+                                                     "are its text before and after that line)")
+    infill.add_argument("--line", type=int, default=None, help="with --file: the 1-based line the middle starts at")
+    infill.add_argument("--extra", nargs="*", default=(), metavar="FILE", help="other files as repository context")
+    add_sampling_args(infill)
+    add_load_args(infill)
+    infill.add_argument("--draft-tokens", type=_draft_tokens, default="auto")
+    infill.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"])
+    infill.add_argument("--tree", default=None)
+
     from specdec.cli.serve import add_serve_parser
 
     add_serve_parser(commands, add_load_args)
@@ -100,6 +114,34 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _infill_texts(args) -> tuple:
+    """(prefix, suffix, extra chunks) from --prefix/--suffix or --file/--line, and --extra files."""
+    from pathlib import Path
+
+    if args.file is not None:
+        if args.prefix is not None or args.suffix:
+            raise ValueError("--file takes the prefix and suffix from the file: drop --prefix/--suffix")
+        lines = Path(args.file).read_text().splitlines(keepends=True)
+        if args.line is None or not 1 <= args.line <= len(lines) + 1:
+            raise ValueError(f"--line must be in 1..{len(lines) + 1} for {args.file}")
+        prefix, suffix = "".join(lines[: args.line - 1]), "".join(lines[args.line - 1:])
+    elif args.prefix is None:
+        raise ValueError("give --prefix (and --suffix), or --file with --line")
+    else:
+        prefix, suffix = args.prefix, args.suffix
+    extra = [{"filename": Path(name).name, "text": Path(name).read_text()} for name in args.extra]
+    return prefix, suffix, extra
+
+
+def cmd_infill(args) -> int:
+    prefix, suffix, extra = _infill_texts(args)
+    decoder = _load(args)
+    result = decoder.infill(prefix, suffix, extra=extra, **_options(args))
+    print(result.text)
+    print(f"[specdec] {result.stats.summary()}", file=sys.stderr)
+    return 0
+
+
 def cmd_chat(args) -> int:
     """Read user turns from stdin, stream each reply; the conversation accumulates until /reset or EOF."""
     from specdec.decoding.chat import chat_template_of, stream_chat
@@ -142,7 +184,7 @@ def main(argv=None) -> int:
     from specdec.cli.demo import cmd_demo
     from specdec.cli.serve import cmd_serve
 
-    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "demo": cmd_demo}
+    handlers = {"generate": cmd_generate, "infill": cmd_infill, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "demo": cmd_demo}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

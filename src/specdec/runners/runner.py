@@ -105,7 +105,7 @@ class Runner:
             logits = expand_logits_into(logits, self.kept_ids, self._full_logits[:count])
         self.slot_positions[past:total] = pos
         self.slot_ids[past:total] = ids
-        self.slot_exact[past:total] = _chain_rows(visible, visible_past)
+        self.slot_exact[past:total] = True if parents is None and visible_past is None else _chain_rows(visible, visible_past)
         self.forward_count += 1
         return logits
 

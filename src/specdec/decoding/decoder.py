@@ -3,16 +3,16 @@
 This module owns what outlives a request (the runners and their caches, the tokenizer, the
 measured pass costs) and the loop that drives one request:
 
-    request  = make_request(...)                       validated options (runtime/request.py)
+    request  = make_request(...)                       validated options (decoding/request.py)
     state    = RequestState(request, ...)              the sequence, randomness, text, stats
-    plan     = ProposalPlan(request, costs)            where proposals come from (runtime/proposers.py)
-    rule     = TokenRule(sampling, acceptance, ...)    how rows become tokens (runtime/rules.py)
+    plan     = ProposalPlan(request, costs)            where proposals come from (decoding/proposers.py)
+    rule     = TokenRule(sampling, acceptance, ...)    how rows become tokens (decoding/rules.py)
     prefill; then per round:
         proposal = plan.propose(...)
-        round    = chain_round(...) | tree_round(...)  one target pass (runtime/rounds.py)
+        round    = chain_round(...) | tree_round(...)  one target pass (decoding/rounds.py)
         piece    = state.commit(round.tokens)          EOS / stop ids / stop strings / budget
 
-Every pass goes through a ``TimedRunner`` (runtime/timing.py) that feeds the stats and the plan.
+Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the stats and the plan.
 ``generate`` is ``stream`` collected: the same tokens and the same text by construction.
 ``num_draft_tokens=0`` runs plain target-only decoding through the same code: the baseline.
 """
@@ -49,7 +49,7 @@ class SpeculativeDecoder:
     """Load a bundle once; ``generate`` / ``stream`` many requests (one at a time per decoder; ``fork`` for more)."""
 
     def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None,
-                 prompt_cache: PromptCache | None = None):
+                 prompt_cache: PromptCache | None = None, calibration_key: str | None = None):
         self.bundle_dir = bundle_dir
         self.manifest = manifest
         self.target = target
@@ -62,7 +62,7 @@ class SpeculativeDecoder:
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
-        self._calibration_key: str | None = None  # where measured costs are stored on disk (load() sets it)
+        self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -98,19 +98,16 @@ class SpeculativeDecoder:
         codec = TextCodec(inside(root, manifest.tokenizer_file))
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache)
-        decoder._calibration_key = calibration_key(identity, provider, threads, AUTO_MAX_DRAFT_TOKENS + 1,
-                                                   CALIBRATION_CONTEXT)
-        return decoder
+        key = calibration_key(identity, provider, threads, AUTO_MAX_DRAFT_TOKENS + 1, CALIBRATION_CONTEXT)
+        return cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
+                   calibration_key=key)
 
     def fork(self) -> "SpeculativeDecoder":
         """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
-        forked = SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
-                                    self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
-                                    self.prompt_cache)
-        forked._calibration_key = self._calibration_key
-        return forked
+        return SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
+                                  self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
+                                  self.prompt_cache, self._calibration_key)
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""

@@ -68,7 +68,7 @@ def test_good_prompts_and_limit():
     ("0,99", "", "", "--draft-tokens: '99' is not a draft length"),
     ("-1", "", "", "--draft-tokens: '-1' is not a draft length"),
     ("two", "", "", "--draft-tokens: 'two' is not a draft length"),
-    ("1", "magic", "", "--proposers takes draft, lookup, hybrid, got 'magic'"),
+    ("1", "magic", "", "--proposers takes draft, lookup, suffix, hybrid, got 'magic'"),
     ("1", "", "0", "--trees: tree branching factors must be"),
     ("1", "", "2,x", "--trees: tree must be"),
     ("1", "", "8,8", "--trees: '8,8' has 72 nodes, more than the 62"),

@@ -5,11 +5,11 @@ measured pass costs) and the loop that drives one request:
 
     request  = make_request(...)                       validated options (decoding/request.py)
     state    = RequestState(request, ...)              the sequence, randomness, text, stats
-    plan     = ProposalPlan(request, costs)            where proposals come from (decoding/proposers.py)
+    plan     = ProposalPlan(request, costs, suffix)    where proposals come from (decoding/proposers.py)
     rule     = TokenRule(sampling, acceptance, ...)    how rows become tokens (decoding/rules.py)
     prefill; then per round:
         proposal = plan.propose(...)
-        round    = chain_round(...) | tree_round(...)  one target pass (decoding/rounds.py)
+        round    = chain_round | suffix_round | tree_round   one target pass (decoding/rounds.py)
         piece    = state.commit(round.tokens)          EOS / stop ids / stop strings / budget
 
 Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the stats and the plan.
@@ -33,7 +33,8 @@ from specdec.decoding.prompt_cache import PromptCache
 from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
 from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_TREE_NODES, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
-from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, tree_round
+from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, suffix_round, tree_round
+from specdec.decoding.suffix import DEFAULT_CACHE_MIB, SuffixCache
 from specdec.decoding.rules import TokenRule
 import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
 from specdec.runners.runner import RUNNER_BACKENDS
@@ -49,7 +50,8 @@ class SpeculativeDecoder:
     """Load a bundle once; ``generate`` / ``stream`` many requests (one at a time per decoder; ``fork`` for more)."""
 
     def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None,
-                 prompt_cache: PromptCache | None = None, calibration_key: str | None = None):
+                 prompt_cache: PromptCache | None = None, calibration_key: str | None = None,
+                 suffix_cache: SuffixCache | None = None):
         self.bundle_dir = bundle_dir
         self.manifest = manifest
         self.target = target
@@ -61,20 +63,25 @@ class SpeculativeDecoder:
         self._busy = threading.Lock()
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
+        self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
-             verify: bool = True, cache_ram_mib: float = 0) -> "SpeculativeDecoder":
+             verify: bool = True, cache_ram_mib: float = 0,
+             suffix_cache_mib: float = DEFAULT_CACHE_MIB) -> "SpeculativeDecoder":
         """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
 
         ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
         ``cache_ram_mib``: a prompt cache in host RAM of that many MiB, shared by every fork (0: none): KV
         snapshots of recent prefixes of both models that a later request sharing a prefix restores by one copy.
+        ``suffix_cache_mib``: the store of recent requests' outputs that suffix proposals search, shared by every
+        fork (4 bytes a token; oldest outputs dropped first; 0: each request matches only its own text).
         """
-        if isinstance(cache_ram_mib, bool) or not isinstance(cache_ram_mib, (int, float)) or cache_ram_mib < 0:
-            raise ValueError(f"cache_ram_mib must be a number >= 0, got {cache_ram_mib!r}")
+        for name, value in (("cache_ram_mib", cache_ram_mib), ("suffix_cache_mib", suffix_cache_mib)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         root = Path(bundle_dir)
         manifest = open_bundle(root, verify=verify, hash_cache=default_hash_cache())
         if max_context is None:
@@ -99,15 +106,16 @@ class SpeculativeDecoder:
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
         key = calibration_key(identity, provider, threads, AUTO_MAX_DRAFT_TOKENS + 1, CALIBRATION_CONTEXT)
+        suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
         return cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
-                   calibration_key=key)
+                   calibration_key=key, suffix_cache=suffix)
 
     def fork(self) -> "SpeculativeDecoder":
         """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
         return SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
                                   self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
-                                  self.prompt_cache, self._calibration_key)
+                                  self.prompt_cache, self._calibration_key, self.suffix_cache)
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
@@ -275,7 +283,7 @@ class SpeculativeDecoder:
             if uses_draft and self._draft_prefill_loses(request, state.tokens, leave, costs):
                 uses_draft = False  # this request proposes by lookup alone: the same tokens, sooner
                 stats.draft_skipped = True
-            plan = ProposalPlan(request, uses_draft, self.max_context, costs)
+            plan = ProposalPlan(request, uses_draft, self.max_context, costs, self.suffix_cache)
             draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             if draft is not None:
                 stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache)
@@ -290,6 +298,7 @@ class SpeculativeDecoder:
                 stats.accepted += played.accepted
                 stats.rejected_rounds += played.accepted < played.proposed
                 stats.lookup_rounds += played.source == "lookup"
+                stats.suffix_rounds += played.source == "suffix"
                 piece = state.commit(played.tokens)
                 stats.decode_seconds = time.perf_counter() - started
                 if piece:
@@ -297,6 +306,8 @@ class SpeculativeDecoder:
             tail = state.text.finish()
             if tail:
                 yield tail
+            if self.suffix_cache is not None and plan.suffix is not None:
+                self.suffix_cache.add(state.output)
             if self.prompt_cache is not None:  # after the last piece: a client never waits for the copy
                 self.prompt_cache.store("target", self.target)
                 if uses_draft:
@@ -332,7 +343,13 @@ class SpeculativeDecoder:
             state.stats.tree_nodes += nodes
             return played
         lag = len(state.tokens) - draft.length if draft is not None else 0
-        return chain_round(target, draft, state, rule, plan.propose(state.tokens, budget, lag))
+        proposal = plan.propose(state.tokens, budget, lag, room=self.max_context - len(state.tokens) - 1)
+        if proposal.source == "suffix" and proposal.tree is not None:
+            played, path = suffix_round(target, state, rule, proposal)
+            plan.observe_suffix(proposal.tree, path)
+            state.stats.tree_nodes += 0 if proposal.tree.is_chain() else len(proposal.tree.tokens)
+            return played
+        return chain_round(target, draft, state, rule, proposal)
 
 
 def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None) -> int:

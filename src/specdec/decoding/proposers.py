@@ -1,13 +1,19 @@
-"""Where each round's proposal comes from and how long it is: the draft model, prompt lookup, or none.
+"""Where each round's proposal comes from and how long it is: the draft model, suffix matching, prompt lookup,
+or none.
 
 A ``ProposalPlan`` is built per request from the request and the machine's measured ``Costs``
 (it never calls back into the decoder); it sees every pass's cost (``observe_pass``, fed by the
 timing wrapper) and every round's outcome (``observe``), and answers ``propose`` with a typed
 ``Proposal``. Auto lengths: one controller for the draft model and one per matched n-gram size
 for lookup (a 3-gram match's continuation is accepted far more often than a 1-gram's: one pooled
-rate would send too few tokens after long matches and too many after short ones). Auto hybrid
-takes whichever proposal promises more tokens per second this round; the draft's side is
-charged the catch-up pass over the tokens lookup rounds committed since the draft last ran.
+rate would send too few tokens after long matches and too many after short ones).
+
+Suffix matching (decoding/suffix.py) proposes a token tree from the request's own text and from
+earlier requests' outputs, each node with a calibrated acceptance estimate; in "auto" the tree is
+cut where it stops paying for its wider verify pass. Auto hybrid (the default) takes whichever of
+the suffix tree, the draft model's chain and no proposal at all promises the most tokens per
+second this round, from the measured pass costs; the draft's side is charged the catch-up pass
+over the tokens other rounds committed since the draft last ran.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 from specdec.decoding.cost_model import AutoDraftLength, Costs
 from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
+from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache, SuffixTree, cost_cut
 
 # auto lookup: prior acceptance per matched n-gram size (a longer match predicts its continuation better)
 LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
@@ -26,9 +33,10 @@ LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
 
 @dataclass(frozen=True)
 class Proposal:
-    source: str  # "draft" (ask the draft model for ``count`` tokens) | "lookup" (``tokens``) | "none"
+    source: str  # "draft" (ask the draft model for ``count`` tokens) | "lookup" (``tokens``) | "suffix" (``tree``) | "none"
     count: int
     tokens: tuple = ()  # the lookup proposal
+    tree: SuffixTree | None = None  # the suffix proposal
 
 
 NO_PROPOSAL = Proposal("none", 0)
@@ -42,19 +50,27 @@ def plan_uses_draft(request: Request, has_draft: bool) -> bool:
 def plan_needs_costs(request: Request, has_draft: bool) -> bool:
     """Whether the plan chooses proposal lengths from measured pass costs: "auto" chains (draft or lookup).
     A tree round sizes its tree itself and never reads them."""
-    return request.auto and request.tree is None and (plan_uses_draft(request, has_draft) or plan_uses_lookup(request))
+    return request.auto and request.tree is None and (
+        plan_uses_draft(request, has_draft) or plan_uses_lookup(request) or plan_uses_suffix(request))
 
 
 def plan_uses_lookup(request: Request) -> bool:
-    return request.proposer in ("lookup", "hybrid") and request.num_draft_tokens != 0
+    return request.proposer == "lookup" and request.num_draft_tokens != 0
+
+
+def plan_uses_suffix(request: Request) -> bool:
+    return request.proposer in ("suffix", "hybrid") and request.num_draft_tokens != 0 and request.tree is None
 
 
 class ProposalPlan:
-    def __init__(self, request: Request, has_draft: bool, max_context: int, costs: Costs | None):
+    def __init__(self, request: Request, has_draft: bool, max_context: int, costs: Costs | None,
+                 suffix_cache: SuffixCache | None = None):
         self.request = request
         self.auto = request.auto
         self.uses_draft = plan_uses_draft(request, has_draft)
         self.uses_lookup = plan_uses_lookup(request)
+        self.suffix = RequestSuffix(max_context, suffix_cache) if plan_uses_suffix(request) else None
+        self.pass_costs = None  # auto: the target's pass costs, following the passes the request runs
         self.model_auto = None
         self.lookup_autos: dict = {}
         self.lookup_size = 0  # n-gram size of the latest lookup proposal
@@ -70,13 +86,17 @@ class ProposalPlan:
                                           prior_acceptance=LOOKUP_PRIOR_ACCEPTANCE[size])
                     for size in range(1, MAX_NGRAM + 1)
                 }
+            self.pass_costs = AutoDraftLength(Costs(0.0, costs.verify), max_gamma=AUTO_MAX_DRAFT_TOKENS)
         self.history = np.zeros(max_context, dtype=np.int64)
         self.filled = 0
 
-    def propose(self, tokens: list, budget: int, draft_lag: int = 0) -> Proposal:
-        """This round's proposal. ``draft_lag``: committed tokens the draft model has not read yet."""
+    def propose(self, tokens: list, budget: int, draft_lag: int = 0, room: int = MAX_SUFFIX_NODES) -> Proposal:
+        """This round's proposal. ``draft_lag``: committed tokens the draft model has not read yet; ``room``:
+        free cache slots after ``tokens`` (bounds a suffix tree)."""
         if budget <= 0:
             return NO_PROPOSAL
+        if self.suffix is not None:
+            return self._propose_suffix(tokens, budget, draft_lag, room)
         found: list = []
         if self.uses_lookup:
             limit = min(AUTO_MAX_DRAFT_TOKENS if self.auto else self.request.num_draft_tokens, budget)
@@ -103,7 +123,40 @@ class ProposalPlan:
             return Proposal("draft", gamma)
         return NO_PROPOSAL
 
+    def _propose_suffix(self, tokens: list, budget: int, draft_lag: int, room: int) -> Proposal:
+        """Suffix tree, draft chain or nothing: the most expected tokens per second (auto); fixed lengths: the
+        suffix tree of up to ``num_draft_tokens`` nodes when there is one, else the draft's chain."""
+        limit = min(MAX_SUFFIX_NODES if self.auto else self.request.num_draft_tokens, room)
+        tree = self.suffix.tree(tokens, limit, budget) if limit > 0 else None
+        gamma = 0
+        if self.uses_draft:
+            gamma = min(self.model_auto.choose() if self.auto else self.request.num_draft_tokens, budget)
+        if not self.auto:
+            if tree is not None and tree.tokens:
+                return Proposal("suffix", len(tree.tokens), tree=tree)
+            return Proposal("draft", gamma) if gamma > 0 else NO_PROPOSAL
+        costs = self.pass_costs.costs
+        pending = 1  # the pass feeds the pending token before the tree
+        if tree is not None and tree.tokens:
+            tree = cost_cut(tree, costs.verify_cost, pending)
+        suffix_rate = tree.expected_tokens / costs.verify_cost(pending + len(tree.tokens)) if tree is not None else 0.0
+        if gamma > 0:
+            catch_up = self.model_auto.draft_catch_up(draft_lag)
+            if self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
+                    suffix_rate, 1.0 / costs.verify_cost(1)):
+                return Proposal("draft", gamma)
+        if tree is not None and tree.tokens:
+            return Proposal("suffix", len(tree.tokens), tree=tree)
+        return NO_PROPOSAL
+
+    def observe_suffix(self, tree: SuffixTree, path: list) -> None:
+        """A verified suffix round: ``path`` = its accepted node indices (the confidence calibration learns)."""
+        if self.suffix is not None:
+            self.suffix.observe(tree, path)
+
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
+        if self.pass_costs is not None:
+            self.pass_costs.observe_pass(role, tokens, seconds)
         if self.model_auto is not None:
             self.model_auto.observe_pass(role, tokens, seconds)
         if role == "target":

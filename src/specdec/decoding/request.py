@@ -21,7 +21,7 @@ from specdec.sampling.processors import SamplingConfig
 from specdec.decoding.text import StopStrings, TextCodec
 from specdec.decoding.tree import AUTO_TREE_BUDGET, parse_tree, tree_size
 
-PROPOSERS = ("draft", "lookup", "hybrid")
+PROPOSERS = ("draft", "lookup", "suffix", "hybrid")
 ACCEPTANCE_RULES = ("coupled", "rejection")
 
 
@@ -34,7 +34,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys/values the target's cache already held (not computed)
     draft_cached_tokens: int = 0  # the same for the draft's cache (when the request uses the draft)
-    draft_skipped: bool = False  # the draft's prefill would have cost more than it saves: lookup alone proposed
+    draft_skipped: bool = False  # the draft's prefill would have cost more than it saves: suffix matching alone proposed
     new_tokens: int = 0
     rounds: int = 0
     target_forwards: int = 0
@@ -43,6 +43,7 @@ class GenerationStats:
     accepted: int = 0
     rejected_rounds: int = 0  # rounds that proposed tokens and rejected one (the per-token estimator's count)
     lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
+    suffix_rounds: int = 0  # rounds whose proposal came from suffix matching (the request's text or earlier outputs)
     tree_nodes: int = 0  # draft tree nodes verified (tree mode)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -199,7 +200,7 @@ def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128
     except (ValueError, TypeError) as exc:
         raise GenerationError(str(exc).splitlines()[0]) from None
     if proposer is None:
-        proposer = "draft" if tree is not None else ("hybrid" if limits.has_draft else "lookup")
+        proposer = "draft" if tree is not None else ("hybrid" if limits.has_draft else "suffix")
     if tree is not None:
         if num_draft_tokens == 0:
             raise GenerationError("tree needs speculation: num_draft_tokens=0 means target-only decoding")
@@ -210,7 +211,7 @@ def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128
             raise GenerationError(f"tree of {nodes} nodes exceeds the {MAX_TREE_NODES} nodes one pass may verify")
         longest = max(longest, nodes)
     if proposer in ("draft", "hybrid") and not limits.has_draft and num_draft_tokens != 0:
-        raise GenerationError("this bundle has no draft model: use proposer=\"lookup\" or num_draft_tokens=0")
+        raise GenerationError("this bundle has no draft model: use proposer=\"suffix\", \"lookup\" or num_draft_tokens=0")
     stops = _stops(stop)
     if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (Sequence, set, frozenset)):
         raise GenerationError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")

@@ -30,7 +30,7 @@ from specdec.decoding.tree import AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_W
 
 @dataclass(frozen=True)
 class Round:
-    source: str  # "draft" | "lookup" | "tree" | "none"
+    source: str  # "draft" | "lookup" | "suffix" | "tree" | "none"
     tokens: list  # emitted: the accepted proposals, then one recovered or bonus token
     proposed: int  # proposals verified (tree: the accepted path's depth budget = deepest level)
     accepted: int
@@ -64,7 +64,7 @@ def draft_chain(draft, state: RequestState, rule: TokenRule, gamma: int) -> tupl
 
 
 def chain_round(target, draft, state: RequestState, rule: TokenRule, proposal: Proposal) -> Round:
-    """Propose (draft model / lookup / nothing), verify in ONE target pass, accept."""
+    """Propose (draft model / lookup / a suffix chain / nothing), verify in ONE target pass, accept."""
     tokens = state.tokens
     if proposal.source == "draft":
         proposals, draft_dists = draft_chain(draft, state, rule, proposal.count)
@@ -144,6 +144,17 @@ def tree_round(target, draft, state: RequestState, rule: TokenRule, shape, budge
     Returns (the round, tree nodes verified)."""
     tokens = state.tokens
     tree = grow_tree(draft, state, rule, shape, budget)
+    path, next_token = verify_tree(target, state, rule, tree)
+    draft_first = len(tokens)
+    draft.keep_path([draft_first + n for n in path if n < tree.fed], draft_first)
+    accepted_tokens = [tree.tokens[n] for n in path]
+    return Round("tree", accepted_tokens + [next_token], max(tree.depths, default=0), len(path)), len(tree.tokens)
+
+
+def verify_tree(target, state: RequestState, rule: TokenRule, tree: DraftTree) -> tuple[list, int]:
+    """Verify ``tree`` (children of the pending token and their descendants) in ONE target pass, accept one
+    path, and compact the target's cache to it. Returns (accepted node indices, recovered or bonus token)."""
+    tokens = state.tokens
     catch_up(target, tokens)
     prefix = tokens[target.length :]
     start = target.length
@@ -165,7 +176,18 @@ def tree_round(target, draft, state: RequestState, rule: TokenRule, shape, budge
     # KV compaction: the accepted path's rows move next to the committed ones; nothing else moves
     target_first = start + len(prefix)
     target.keep_path([target_first + n for n in path], target_first)
-    draft_first = len(tokens)
-    draft.keep_path([draft_first + n for n in path if n < tree.fed], draft_first)
+    return path, next_token
+
+
+def suffix_round(target, state: RequestState, rule: TokenRule, proposal: Proposal) -> tuple[Round, list]:
+    """Verify a suffix proposal tree (deterministic tokens) in ONE target pass. Returns (the round, accepted
+    node indices). A chain-shaped proposal goes through ``chain_round``."""
+    tree = proposal.tree
+    if tree.is_chain():
+        played = chain_round(target, None, state, rule, Proposal("suffix", len(tree.tokens), tree.tokens))
+        return played, list(range(played.accepted))
+    draft_tree = DraftTree(tokens=list(tree.tokens), parents=list(tree.parents), depths=list(tree.depths), fed=0,
+                           draw_dists={}, deterministic=True)
+    path, next_token = verify_tree(target, state, rule, draft_tree)
     accepted_tokens = [tree.tokens[n] for n in path]
-    return Round("tree", accepted_tokens + [next_token], max(tree.depths, default=0), len(path)), len(tree.tokens)
+    return Round("suffix", accepted_tokens + [next_token], max(tree.depths), len(path)), path

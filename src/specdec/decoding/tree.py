@@ -65,6 +65,7 @@ class DraftTree:
     depths: list  # [N] 1-based depth (children of the root are at depth 1)
     fed: int  # the first ``fed`` nodes (all but the deepest level) went through the draft: their KV rows exist
     draw_dists: dict  # expansion index (0 = root, i + 1 = node i) -> [V] distribution its children were drawn from
+    deterministic: bool = False  # children chosen, not drawn (suffix proposals): no draw_dists
 
     def children(self) -> dict:
         """expansion index -> child node indices, in the order they were drawn."""
@@ -158,6 +159,13 @@ def tree_speculative_accept(
         target = np.asarray(target_dist(expansion), dtype=np.float64)
         if not children:
             return path, sample(target, rng)
+        if tree.deterministic:
+            accepted, target = _accept_chosen(tree, children, target, rng)
+            if accepted is None:
+                return path, sample(target, rng)
+            path.append(accepted)
+            expansion = accepted + 1
+            continue
         draft = tree.draw_dists[expansion].astype(np.float64)
         accepted = None
         for child in children:
@@ -177,3 +185,27 @@ def tree_speculative_accept(
             return path, sample(target, rng)
         path.append(accepted)
         expansion = accepted + 1
+
+
+def _accept_chosen(
+    tree: DraftTree,
+    children: list,  # node indices of one expansion's children, distinct tokens
+    target: np.ndarray,  # [V] float64 the target's distribution at the expansion
+    rng: np.random.Generator,
+) -> tuple[int | None, np.ndarray]:
+    """Deterministic children (a one-hot draft each): child c is accepted with the current target probability
+    of c; on rejection c's probability goes to 0 and the rest is renormalized (the residual of a one-hot
+    draft). Token t is then emitted with probability p(t) whichever children were proposed.
+
+    Returns (the accepted child or None, the distribution to draw from when none was accepted)."""
+    for child in children:
+        token = tree.tokens[child]
+        if rng.random() < target[token]:
+            return child, target
+        target = target.copy()
+        target[token] = 0.0
+        total = target.sum()
+        if total <= 0.0:
+            break
+        target /= total
+    return None, target

@@ -58,7 +58,7 @@ def test_auto_mode_is_greedy_exact(tiny_decoder):
     baseline = tiny_decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0)
     result = tiny_decoder.generate(prompt, max_new_tokens=40, num_draft_tokens="auto")
     assert result.token_ids == baseline.token_ids
-    assert len(tiny_decoder.costs().verify) == 9
+    assert len(tiny_decoder.costs().verify) == 33  # widths up to a full suffix tree plus the pending token
 
 
 def test_draft_catch_up_charges_the_tokens_the_draft_has_not_read():

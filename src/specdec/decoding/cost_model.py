@@ -192,13 +192,17 @@ def monotone(verify) -> tuple:
 
 
 def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5) -> Costs:
-    """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens."""
+    """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens.
+
+    Widths 1..9 are timed each; wider ones (suffix trees verify up to ``max_tokens``) at a few widths, the
+    rest interpolated linearly between them."""
     context = min(context, target.max_context - max_tokens - 1)
+    widths = calibration_widths(max_tokens)
     try:
         fill_context(target, context)
-        widths = range(1, max_tokens + 1)
         time_passes(target, widths, 1)  # warm-up (first runs allocate)
-        verify = monotone(time_passes(target, widths, repeats))
+        timed = time_passes(target, widths, repeats)
+        verify = monotone(np.interp(np.arange(1, max_tokens + 1), widths, timed))
         draft_step = 0.0
         if draft is not None:
             fill_context(draft, context)
@@ -208,3 +212,11 @@ def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CON
         for runner in filter(None, (target, draft)):
             runner.reset()
     return Costs(draft_step=draft_step, verify=verify)
+
+
+def calibration_widths(max_tokens: int) -> list:
+    """The pass widths ``calibrate`` times: every width up to 9, then about every 1.5x up to ``max_tokens``."""
+    widths = list(range(1, min(max_tokens, 9) + 1))
+    while widths[-1] < max_tokens:
+        widths.append(min(max_tokens, int(widths[-1] * 1.5)))
+    return widths

@@ -34,7 +34,7 @@ from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses
 from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_TREE_NODES, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
 from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, suffix_round, tree_round
-from specdec.decoding.suffix import DEFAULT_CACHE_MIB, SuffixCache
+from specdec.decoding.suffix import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
 import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
 from specdec.runners.runner import RUNNER_BACKENDS
@@ -43,6 +43,7 @@ from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
 
 DEFAULT_MAX_CONTEXT = 2048
+CALIBRATED_WIDTH = MAX_SUFFIX_NODES + 1  # the widest verify pass "auto" plans: a suffix tree plus the pending token
 DRAFT_SAVING = 0.1  # the fraction of decode time the draft model is expected to save over lookup alone
 
 
@@ -105,7 +106,7 @@ class SpeculativeDecoder:
         codec = TextCodec(inside(root, manifest.tokenizer_file))
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        key = calibration_key(identity, provider, threads, AUTO_MAX_DRAFT_TOKENS + 1, CALIBRATION_CONTEXT)
+        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT)
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
         return cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
                    calibration_key=key, suffix_cache=suffix)
@@ -128,11 +129,11 @@ class SpeculativeDecoder:
         if self._costs is None:
             key = self._calibration_key
             stored = load_costs(key) if key is not None else None
-            if stored is not None and len(stored.verify) == AUTO_MAX_DRAFT_TOKENS + 1 and (
+            if stored is not None and len(stored.verify) == CALIBRATED_WIDTH and (
                     self.draft is None or stored.draft_step > 0):
                 self._costs = stored
             else:
-                self._costs = calibrate(self.target, self.draft, max_tokens=AUTO_MAX_DRAFT_TOKENS + 1)
+                self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
                 if key is not None:
                     save_costs(key, self._costs)
         return self._costs

@@ -8,6 +8,8 @@ draft); the per-token acceptance (the geometric model's estimate, the one the co
 takes) beside accepted/proposed; mean accepted per round; time split; resident memory; the
 cost model's predicted speedup (costs calibrated at context 256 and, for a long-prompt set,
 at its median context too); and (greedy) how many outputs are token-identical to target-only.
+Every run starts cold: empty KV caches and an empty suffix store (no run matches another's output;
+the session benchmark's traces are where earlier outputs count).
 Values a peer library cannot report are None ("-" in the table).
 """
 
@@ -179,6 +181,8 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
             shift = (index + rep) % len(labels)
             for mode in labels[shift:] + labels[:shift]:
                 decoder.clear_cache()  # every run prefills from token 0: a mode never inherits another's cache
+                if getattr(decoder, "suffix_cache", None) is not None:  # ... nor another run's output to match
+                    decoder.suffix_cache.clear()
                 result = decoder.generate(item["prompt"], max_new_tokens=max_new_tokens, sampling=sampling,
                                           seed=rep, **modes[mode])
                 done += 1

@@ -10,7 +10,8 @@ removed there):
 - ``llama:target``: no speculation;
 - ``llama:draft``: ``--spec-type draft-simple --model-draft DRAFT --spec-draft-n-max N`` (needs the draft GGUF);
 - ``llama:ngram-simple``: ``--spec-type ngram-simple``;
-- ``llama:ngram-mod``: ``--spec-type ngram-mod``.
+- ``llama:ngram-mod``: ``--spec-type ngram-mod`` (one n-gram pool shared by all requests);
+- ``llama:ngram-cache``: ``--spec-type ngram-cache`` (an n-gram cache of the context and earlier generations).
 
 A mode whose flags the binary's ``--help`` does not list is skipped with a one-line note. Extra server
 arguments (``--llama-args``) go to every server: e.g. ``--no-repack`` where ggml's AMX kernels crash
@@ -36,7 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-MODES = ("llama:target", "llama:draft", "llama:ngram-simple", "llama:ngram-mod")
+MODES = ("llama:target", "llama:draft", "llama:ngram-simple", "llama:ngram-mod", "llama:ngram-cache")
 DEFAULT_DRAFT_MAX = 4
 DEFAULT_CONTEXT = 4096
 HEALTH_TIMEOUT = 180.0
@@ -109,7 +110,7 @@ def mode_flags(mode: str, draft: str | None, draft_max: int = DEFAULT_DRAFT_MAX)
         return []
     if mode == "llama:draft":
         return ["--spec-type", "draft-simple", "--model-draft", draft, "--spec-draft-n-max", str(draft_max)]
-    if mode in ("llama:ngram-simple", "llama:ngram-mod"):
+    if mode in ("llama:ngram-simple", "llama:ngram-mod", "llama:ngram-cache"):
         return ["--spec-type", mode.split(":", 1)[1]]
     raise ValueError(f"unknown llama.cpp mode {mode!r}: one of {', '.join(MODES)}")
 

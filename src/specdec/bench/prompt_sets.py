@@ -5,6 +5,10 @@ Python's standard library: module sources (kind "long-code": continue the code) 
 plain-text rendering of modules (kind "long-docs"). Each prompt ends at a line break, so
 the continuation is the module's next line. The text depends on the Python version: the
 ids name it, and the bench reports the prompts' measured token counts, not this target.
+
+``edit_prompts``: kind "edit": a stdlib function under an instruction to rewrite it (type hints,
+renamed variables, no comments, a new docstring): the answer repeats most of the prompt, the
+case suffix and lookup proposals are for.
 """
 
 from __future__ import annotations
@@ -38,3 +42,24 @@ def long_context_prompts(encode, decode, tokens: int = LONG_CONTEXT_TOKENS, code
             cut = cut[: cut.rfind("\n") + 1] or cut
             prompts.append({"id": f"{kind}-{name}-{version}", "kind": kind, "prompt": cut})
     return prompts
+
+
+# (module, function, instruction): the rewrite repeats most of the function
+EDIT_PROMPTS = (
+    ("glob", "glob", "Rewrite the function below with type hints added. Keep the body the same."),
+    ("textwrap", "indent", "Rewrite the function below with every local variable renamed to a longer, descriptive "
+                           "name. Keep everything else the same."),
+    ("heapq", "nlargest", "Rewrite the function below without its comments and docstring. Keep the code the same."),
+    ("shlex", "split", "Rewrite the function below with a Google-style docstring. Keep the code the same."),
+)
+
+
+def edit_prompts(prompts=EDIT_PROMPTS) -> list:
+    """[{id, kind: "edit", prompt}]: each function's source after its instruction, as a comment, then a heading
+    the rewrite follows."""
+    found = []
+    for module, function, instruction in prompts:
+        source = inspect.getsource(getattr(importlib.import_module(module), function))
+        found.append({"id": f"edit-{module}.{function}-py{platform.python_version()}", "kind": "edit",
+                      "prompt": f"# {instruction}\n{source}\n\n# Rewritten:\n"})
+    return found

@@ -37,10 +37,11 @@ REPORTED = ("usage", "timings", "specdec", "tokens_cached", "tokens_evaluated")
 class SessionServer:
     """One server of a session: where it is, which flavor of request it takes, its process (if ours)."""
 
-    def __init__(self, name: str, url: str, flavor: str, process: ServerProcess | None = None):
+    def __init__(self, name: str, url: str, flavor: str, process: ServerProcess | None = None, extra=None):
         if flavor not in ("specdec", "llama"):
             raise ValueError(f"unknown server flavor {flavor!r}")
         self.name, self.url, self.flavor, self.process = name, url.rstrip("/"), flavor, process
+        self.extra = dict(extra or {})  # fields added to every request body (a specdec mode's options)
         self.model = None
 
     def model_id(self) -> str:
@@ -60,9 +61,15 @@ class SessionServer:
             self.process.stop()
 
 
+# specdec modes of a session: a server each (its own caches), the mode's options sent with every request
+SPECDEC_MODES = {"default": {}, "target": {"num_draft_tokens": 0}, "lookup": {"proposer": "lookup"},
+                 "suffix": {"proposer": "suffix"}, "draft": {"proposer": "draft"}}
+
+
 def start_specdec_server(bundle: str, threads: int | None = None, max_context: int | None = None,
-                         log_path: str | None = None, no_verify: bool = False) -> SessionServer:
-    """``python -m specdec.cli.main serve BUNDLE`` on a free 127.0.0.1 port, one worker; waits for /health."""
+                         log_path: str | None = None, no_verify: bool = False, mode: str = "default") -> SessionServer:
+    """``python -m specdec.cli.main serve BUNDLE`` on a free 127.0.0.1 port, one worker; waits for /health.
+    ``mode``: one of ``SPECDEC_MODES``, whose options every request of this server carries."""
     port = free_port()
     argv = [sys.executable, "-m", "specdec.cli.main", "serve", str(bundle), "--host", "127.0.0.1", "--port",
             str(port), "--workers", "1"]
@@ -70,7 +77,8 @@ def start_specdec_server(bundle: str, threads: int | None = None, max_context: i
     argv += ["--max-context", str(max_context)] if max_context else []
     argv += ["--no-verify"] if no_verify else []
     process = ServerProcess(argv, port, "specdec serve", log_path).start(SPECDEC_HEALTH_TIMEOUT)
-    return SessionServer("specdec", process.url, "specdec", process)
+    name = "specdec" if mode == "default" else f"specdec:{mode}"
+    return SessionServer(name, process.url, "specdec", process, SPECDEC_MODES[mode])
 
 
 def request_body(server: SessionServer, request: dict, messages: list | None, max_tokens_cap: int | None) -> tuple:
@@ -95,6 +103,7 @@ def request_body(server: SessionServer, request: dict, messages: list | None, ma
         path, body["prompt"] = "/v1/completions", request["prompt"]
     if llama:
         body["cache_prompt"] = True
+    body.update(server.extra)
     return path, body
 
 

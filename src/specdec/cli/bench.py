@@ -55,6 +55,9 @@ def add_bench_parser(commands) -> None:
                          help="a running specdec server to replay against instead of starting one")
     session.add_argument("--max-tokens-cap", type=int, default=None,
                          help="cap every request's max_tokens / n_predict (short smoke runs)")
+    session.add_argument("--specdec-modes", default="default",
+                         help="comma list of specdec modes, a server each: default, target (no speculation), lookup, "
+                              "suffix, draft (default: default)")
     add_load_args(bench)
 
 
@@ -167,13 +170,17 @@ def cmd_bench(args) -> int:
 def cmd_session(args) -> int:
     """Replay traces through `specdec serve` (started here unless --server-url) and optionally llama-server."""
     from specdec.bench.llama_server import LlamaServer
-    from specdec.bench.session import SessionServer, run_session, session_markdown, start_specdec_server
+    from specdec.bench.session import SPECDEC_MODES, SessionServer, run_session, session_markdown, start_specdec_server
     from specdec.bench.traces import load_trace
 
     traces = [load_trace(path) for path in args.session]
     if args.max_tokens_cap is not None and args.max_tokens_cap < 0:
         raise ValueError(f"--max-tokens-cap must be >= 0, got {args.max_tokens_cap}")
     llama = check_llama(args)
+    specdec_modes = [m.strip() for m in args.specdec_modes.split(",") if m.strip()]
+    if not specdec_modes or any(m not in SPECDEC_MODES for m in specdec_modes):
+        raise ValueError(f"--specdec-modes takes a comma list of {', '.join(SPECDEC_MODES)}, got {args.specdec_modes!r}")
+    argvs: dict = {}
     out = Path(args.out)
     check_writable(out)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
@@ -183,17 +190,20 @@ def cmd_session(args) -> int:
         if args.server_url:
             servers.append(SessionServer("specdec", args.server_url, "specdec"))
         else:
-            say(f"session: starting specdec serve {args.bundle}")
-            servers.append(start_specdec_server(args.bundle, args.threads, args.max_context,
-                                                str(out / "specdec-serve.log"), args.no_verify))
+            for mode in specdec_modes:
+                say(f"session: starting specdec serve {args.bundle} ({mode})")
+                servers.append(start_specdec_server(args.bundle, args.threads, args.max_context,
+                                                    str(out / f"specdec-serve-{mode}.log"), args.no_verify, mode))
         if llama:
             binary, target, draft, modes, extra = llama
-            mode = modes[0] if len(modes) == 1 else "llama:target"  # one server: --llama-modes MODE picks it
-            say(f"session: starting llama-server ({mode})")
-            process = LlamaServer(binary, target, mode, draft, args.threads, llama_context(args),
-                                  args.llama_draft_max, log_path=str(out / "llama-server-session.log"),
-                                  extra=extra).start()
-            servers.append(SessionServer("llama.cpp", process.url, "llama", process))
+            for mode in modes:  # a server per mode, each with its own cache
+                say(f"session: starting llama-server ({mode})")
+                process = LlamaServer(binary, target, mode, draft, args.threads, llama_context(args),
+                                      args.llama_draft_max, log_path=str(out / f"llama-server-{mode[6:]}.log"),
+                                      extra=extra).start()
+                name = "llama.cpp" if mode == "llama:target" else f"llama.cpp:{mode[6:]}"
+                servers.append(SessionServer(name, process.url, "llama", process))
+                argvs[name] = [Path(a).name if "/" in a else a for a in process.argv]
         report = run_session(traces, servers, args.max_tokens_cap, say)
     finally:
         for server in servers:
@@ -201,8 +211,7 @@ def cmd_session(args) -> int:
     report["command"] = args.command_line
     report["provenance"] = provenance(args.bundle, args.threads)
     if llama:
-        report["llama_server"] = {"mode": mode, "argv": [Path(a).name if "/" in a else a for a in process.argv],
-                                  "context": llama_context(args)}
+        report["llama_server"] = {"modes": llama[3], "argv": argvs, "context": llama_context(args)}
     report["seconds"] = time.perf_counter() - started
     (out / "session.json").write_text(json.dumps(report, indent=1))
     table = session_markdown(report)

@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from specdec.cli.args import _draft_tokens, add_load_args, add_sampling_args
+from specdec.decoding.request import PROPOSERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_args(generate)
     generate.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
                           help="draft length per round, auto (default) or 0 = target only")
-    generate.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"],
-                          help="default: hybrid (lookup for a bundle without a draft)")
+    generate.add_argument("--proposer", default=None, choices=list(PROPOSERS),
+                          help="default: hybrid (suffix for a bundle without a draft)")
     generate.add_argument("--tree", default=None, help="draft tree shape, e.g. 2,2,1, or auto")
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
     generate.add_argument("--chat", action="store_true",
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(chat)
     add_load_args(chat)
     chat.add_argument("--draft-tokens", type=_draft_tokens, default="auto")
-    chat.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"])
+    chat.add_argument("--proposer", default=None, choices=list(PROPOSERS))
     chat.add_argument("--tree", default=None)
 
     infill = commands.add_parser("infill", help="fill in the middle between a prefix and a suffix (code models)")
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(infill)
     add_load_args(infill)
     infill.add_argument("--draft-tokens", type=_draft_tokens, default="auto")
-    infill.add_argument("--proposer", default=None, choices=["draft", "lookup", "hybrid"])
+    infill.add_argument("--proposer", default=None, choices=list(PROPOSERS))
     infill.add_argument("--tree", default=None)
 
     from specdec.cli.serve import add_serve_parser

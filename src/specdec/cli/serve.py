@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from specdec.decoding.suffix import DEFAULT_CACHE_MIB as DEFAULT_SUFFIX_CACHE_MIB
+
 
 def add_serve_parser(commands, add_load_args) -> None:
     serve = commands.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API")
@@ -21,6 +23,9 @@ def add_serve_parser(commands, add_load_args) -> None:
                        help="a prompt cache of this many MiB of host RAM, shared by the workers: KV snapshots of "
                             "recent prompts that a later request sharing a prefix restores instead of "
                             "recomputing (llama-server's --cache-ram; default 0: off)")
+    serve.add_argument("--suffix-cache", type=float, default=DEFAULT_SUFFIX_CACHE_MIB, metavar="MiB",
+                       help="recent requests' outputs kept for suffix proposals, shared by the workers (4 bytes a "
+                            f"token, oldest dropped first; default {DEFAULT_SUFFIX_CACHE_MIB}; 0: off)")
     add_load_args(serve)
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
@@ -54,7 +59,8 @@ def cmd_serve(args) -> int:
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
-                             threads=args.threads, verify=not args.no_verify, cache_ram_mib=args.cache_ram)
+                             threads=args.threads, verify=not args.no_verify, cache_ram_mib=args.cache_ram,
+                             suffix_cache_mib=args.suffix_cache)
         return serve_on_ray(options)
     try:
         import uvicorn
@@ -68,10 +74,12 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     server_options = ServerOptions(model_name=model_name(args), shutdown_grace=args.shutdown_grace)
-    if not args.cache_ram >= 0:
-        raise ValueError(f"--cache-ram must be >= 0 MiB, got {args.cache_ram}")
+    for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
+        if not value >= 0:
+            raise ValueError(f"{flag} must be >= 0 MiB, got {value}")
     load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
-                               verify=not args.no_verify, cache_ram_mib=args.cache_ram)
+                               verify=not args.no_verify, cache_ram_mib=args.cache_ram,
+                               suffix_cache_mib=args.suffix_cache)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
               "can use it", file=sys.stderr)

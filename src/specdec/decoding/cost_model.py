@@ -194,7 +194,7 @@ def monotone(verify) -> tuple:
 def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5) -> Costs:
     """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens.
 
-    Widths 1..9 are timed each; wider ones (suffix trees verify up to ``max_tokens``) at a few widths, the
+    Widths 1..9 are timed each; wider ones (suffix trees verify up to ``max_tokens``) at 17 and 33, the
     rest interpolated linearly between them."""
     context = min(context, target.max_context - max_tokens - 1)
     widths = calibration_widths(max_tokens)
@@ -215,8 +215,9 @@ def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CON
 
 
 def calibration_widths(max_tokens: int) -> list:
-    """The pass widths ``calibrate`` times: every width up to 9, then about every 1.5x up to ``max_tokens``."""
+    """The pass widths ``calibrate`` times: every width up to 9, then 17, 33, ... (each about twice the last)
+    up to ``max_tokens``."""
     widths = list(range(1, min(max_tokens, 9) + 1))
     while widths[-1] < max_tokens:
-        widths.append(min(max_tokens, int(widths[-1] * 1.5)))
+        widths.append(min(max_tokens, 2 * widths[-1] - 1))
     return widths

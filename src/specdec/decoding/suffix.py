@@ -212,6 +212,12 @@ class SuffixCache:
     def nbytes(self) -> int:
         return self.store.nbytes
 
+    def clear(self) -> None:
+        """Forget every stored output (the learned confidence stays): for benchmarks that time cold requests."""
+        with self._lock:
+            self.store[: self.used] = SEPARATOR
+            self.used = 0
+
     def add(self, tokens) -> None:
         """Store one request's output (ids); too long for the store: its last part."""
         piece = np.asarray(list(tokens), dtype=np.int32)[-(self.max_tokens - 1):] if self.max_tokens > 1 else []

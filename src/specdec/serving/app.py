@@ -51,11 +51,14 @@ class LoadOptions:
     threads: int | None = None
     verify: bool = True
     cache_ram_mib: float = 0  # a prompt cache in host RAM shared by the pool's workers (0: none)
+    suffix_cache_mib: float | None = None  # recent outputs for suffix proposals (None: the decoder's default)
 
     def load_kwargs(self) -> dict:
         kwargs = dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)
         if self.cache_ram_mib:
             kwargs["cache_ram_mib"] = self.cache_ram_mib
+        if self.suffix_cache_mib is not None:
+            kwargs["suffix_cache_mib"] = self.suffix_cache_mib
         return kwargs
 
 

@@ -79,8 +79,21 @@ class Metrics:
                 if key in stats:
                     suffix = "_total" if kind == "counter" else ""
                     metric(f"specdec_prompt_cache_{key}{suffix}", kind, help_text, [("", stats[key])])
+        suffix_cache = getattr(pool.decoder, "suffix_cache", None)
+        if suffix_cache is not None:  # specdec serve --suffix-cache
+            stats = suffix_cache.stats()
+            for key, kind, help_text in _SUFFIX_CACHE:
+                suffix = "_total" if kind == "counter" else ""
+                metric(f"specdec_{key}{suffix}", kind, help_text, [("", stats[key])])
         return "\n".join(lines) + "\n"
 
+
+_SUFFIX_CACHE = (  # SuffixCache.stats() key, metric kind, help
+    ("suffix_cache_tokens", "gauge", "tokens of earlier outputs held for suffix proposals"),
+    ("suffix_cache_bytes", "gauge", "bytes of the suffix store (--suffix-cache)"),
+    ("suffix_cache_requests", "counter", "outputs added to the suffix store"),
+    ("suffix_cache_evicted_tokens", "counter", "tokens of the oldest outputs dropped for room"),
+)
 
 _PROMPT_CACHE = (  # PromptCache.stats() key, metric kind, help
     ("hits", "counter", "prompt cache lookups that restored a prefix"),

@@ -59,7 +59,7 @@ class _GenerationFields(_Strict):
     min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
-    proposer: Literal["draft", "lookup", "hybrid"] | None = None
+    proposer: Literal["draft", "lookup", "suffix", "hybrid"] | None = None
     tree: str | list[Annotated[int, Field(ge=1)]] | None = None
 
     @field_validator("n")
@@ -145,7 +145,7 @@ class InfillRequest(BaseModel):
     model: str | None = None
     # specdec extensions
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
-    proposer: Literal["draft", "lookup", "hybrid"] | None = None
+    proposer: Literal["draft", "lookup", "suffix", "hybrid"] | None = None
 
     @field_validator("stop")
     @classmethod

@@ -39,6 +39,7 @@ class RayOptions:
     threads: int | None = None
     verify: bool = True
     cache_ram_mib: float = 0  # per replica: a prompt cache shared by its workers (0: none)
+    suffix_cache_mib: float | None = None  # per replica: recent outputs for suffix proposals (None: the default)
 
     def __post_init__(self):
         for name in ("workers", "replicas"):
@@ -52,6 +53,9 @@ class RayOptions:
         if isinstance(self.cache_ram_mib, bool) or not isinstance(self.cache_ram_mib, (int, float)) or not (
                 self.cache_ram_mib >= 0):
             raise ValueError(f"cache_ram_mib must be a number >= 0, got {self.cache_ram_mib!r}")
+        if self.suffix_cache_mib is not None and (isinstance(self.suffix_cache_mib, bool) or not isinstance(
+                self.suffix_cache_mib, (int, float)) or not self.suffix_cache_mib >= 0):
+            raise ValueError(f"suffix_cache_mib must be a number >= 0, got {self.suffix_cache_mib!r}")
         if not self.cpus_per_replica > 0:
             raise ValueError(f"cpus_per_replica must be > 0, got {self.cpus_per_replica}")
         if not 0 <= self.port <= 65535:
@@ -83,7 +87,8 @@ def build_application(options: RayOptions):
                          PoolOptions(workers=options.workers, max_queue=options.max_queue),
                          LoadOptions(provider=options.provider, max_context=options.max_context,
                                      threads=options.threads, verify=options.verify,
-                                     cache_ram_mib=options.cache_ram_mib))
+                                     cache_ram_mib=options.cache_ram_mib,
+                                     suffix_cache_mib=options.suffix_cache_mib))
 
     replica = serve.deployment(
         name="SpecdecReplica",

@@ -17,7 +17,8 @@ def test_traces_are_deterministic_and_have_the_promised_shapes(tmp_path):
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     written = traces.write_traces(tmp_path)
     assert sorted(p.name for p in written) == ["chat-paste.json", "edit-agent.json", "editor-completion.json",
-                                               "fim-typing.json", "long-completion.json"]
+                                               "fim-typing.json", "long-completion.json", "review-agent.json",
+                                               "tests-agent.json"]
     assert all(traces.load_trace(p) == first[p.name] for p in written)
     tokens = lambda text: len(text) / traces.CHARS_PER_TOKEN  # noqa: E731  (the generator's own estimate)
 
@@ -45,6 +46,14 @@ def test_traces_are_deterministic_and_have_the_promised_shapes(tmp_path):
     edit = first["edit-agent.json"]["requests"]
     assert len(edit) == 9 and len({r["conversation"] for r in edit}) == 3
     assert all(r["user"].startswith("```python\n") == (i % 3 == 0) for i, r in enumerate(edit))
+
+    tests = first["tests-agent.json"]["requests"]  # one module, a new chat per function: the same prompt prefix
+    assert len({r["conversation"] for r in tests}) == len(tests) == 4
+    assert len({r["user"].split("Write pytest")[0] for r in tests}) == 1
+
+    review = first["review-agent.json"]["requests"]  # successive versions of one file, the same question
+    assert len({r["conversation"] for r in review}) == len(review) == 3
+    assert len({r["user"] for r in review}) == 3 and len({r["user"][-80:] for r in review}) == 1
 
 
 @pytest.mark.parametrize("data, message", [

@@ -50,6 +50,17 @@ EDIT_INSTRUCTIONS = ("Add type hints to this function. Reply with the whole func
                      "Now rename the local variables to more descriptive names. Reply with the whole function only.")
 EDIT_MAX_TOKENS = 384
 
+# agents whose outputs repeat across requests (separate chats): suffix proposals' shared store
+TESTS_MODULE = "bisect"  # ~800 tokens
+TESTS_FUNCTIONS = ("bisect_right", "bisect_left", "insort_right", "insort_left")
+TESTS_INSTRUCTION = "Write pytest unit tests for `{function}` of this module. Reply with the test code only."
+TESTS_MAX_TOKENS = 256
+REVIEW_MODULE = "colorsys"  # ~1,100 tokens
+REVIEW_EDITS = ((), (("ONE_SIXTH = 1.0/6.0", "ONE_SIXTH = 1 / 6"),),
+                (("ONE_SIXTH = 1.0/6.0", "ONE_SIXTH = 1 / 6"), ("def rgb_to_yiq(", "def rgb_to_yiq_fast(")))
+REVIEW_QUESTION = "List every function of this module with a one-line summary of what it computes."
+REVIEW_MAX_TOKENS = 192
+
 
 def python_version() -> str:
     return platform.python_version()
@@ -120,10 +131,34 @@ def edit_trace() -> dict:
                   requests)
 
 
+def tests_trace() -> dict:
+    """Tests for each function of one module, each asked in a new chat: the answers share their boilerplate."""
+    source = _source(TESTS_MODULE)
+    requests = [{"route": "chat", "conversation": f"tests-{function}",
+                 "user": f"```python\n{source}```\n\n{TESTS_INSTRUCTION.format(function=function)}",
+                 "max_tokens": TESTS_MAX_TOKENS} for function in TESTS_FUNCTIONS]
+    return _trace("tests-agent", f"unit tests for {len(TESTS_FUNCTIONS)} functions of {TESTS_MODULE}.py, each asked "
+                  "in a new chat", requests)
+
+
+def review_trace() -> dict:
+    """The same question about successive versions of one file, each in a new chat: the answers repeat."""
+    requests = []
+    for version, edits in enumerate(REVIEW_EDITS):
+        source = _source(REVIEW_MODULE)
+        for old, new in edits:
+            source = source.replace(old, new)
+        requests.append({"route": "chat", "conversation": f"review-{version}",
+                         "user": f"```python\n{source}```\n\n{REVIEW_QUESTION}", "max_tokens": REVIEW_MAX_TOKENS})
+    return _trace("review-agent", f"one question about {len(REVIEW_EDITS)} successive versions of {REVIEW_MODULE}.py, "
+                  "each in a new chat", requests)
+
+
 def make_traces() -> dict:
     """file name -> trace."""
     return {"chat-paste.json": chat_trace(), "fim-typing.json": fim_trace(), "editor-completion.json": editor_trace(),
-            "long-completion.json": long_trace(), "edit-agent.json": edit_trace()}
+            "long-completion.json": long_trace(), "edit-agent.json": edit_trace(), "tests-agent.json": tests_trace(),
+            "review-agent.json": review_trace()}
 
 
 def write_traces(out_dir) -> list:

@@ -80,6 +80,39 @@ def best_gamma(acceptance: float, costs: Costs, max_gamma: int | None = None) ->
     return -neg_gamma, speedup
 
 
+class ObservedCosts:
+    """The calibrated costs, following the passes a request actually runs (``observe_pass``).
+
+    Alternating two models and growing contexts cost more than isolated calibration runs, and the
+    choice of a proposal should see that. Each model's calibrated costs are scaled as a whole by the
+    ratio observed/calibrated on the passes that run: while speculating the T=1 target pass hardly
+    ever runs, and refreshing only the widths that run would compare a long-context c(g+1) with a
+    short-context c(1) (auto would flip to target-only, refresh c(1), flip back, ...). The calibrated
+    shape c(T)/c(1) is kept.
+    """
+
+    def __init__(self, costs: Costs, decay: float = 0.8):
+        self.costs = costs
+        self.calibrated = costs  # the shape; self.costs = calibrated x the observed scale of each model
+        self.target_scale = self.draft_scale = 1.0
+        self.decay = decay
+
+    def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
+        """Every width of that model moves by the ratio of this pass to its calibrated cost."""
+        keep = self.decay
+        calibrated = self.calibrated
+        if role == "target" and 1 <= tokens <= len(calibrated.verify):
+            ratio = seconds / calibrated.verify[tokens - 1]
+            self.target_scale = keep * self.target_scale + (1 - keep) * ratio
+        elif role == "draft" and 1 <= tokens <= 2 and calibrated.draft_step > 0:
+            ratio = seconds / calibrated.draft_step
+            self.draft_scale = keep * self.draft_scale + (1 - keep) * ratio
+        else:
+            return
+        self.costs = Costs(calibrated.draft_step * self.draft_scale,
+                           tuple(cost * self.target_scale for cost in calibrated.verify))
+
+
 class AutoDraftLength:
     """Chooses g for each round from the costs and a running acceptance estimate.
 
@@ -87,21 +120,12 @@ class AutoDraftLength:
     exponentially decayed counts: accepted / (accepted + rejections). When the bound says
     speculation loses, rounds run target-only and every ``probe_every`` rounds one probe
     round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
-    The costs start from the calibration and follow the passes the request actually runs
-    (``observe_pass``): alternating two models and growing contexts cost more than isolated
-    calibration runs, and the choice of g should see that. Each model's calibrated costs are
-    scaled as a whole by the ratio observed/calibrated on the passes that run: while
-    speculating the T=1 target pass hardly ever runs, and refreshing only the widths that run
-    would compare a long-context c(g+1) with a short-context c(1) (auto would flip to
-    target-only, refresh c(1), flip back, ...). The calibrated shape c(T)/c(1) is kept.
+    The costs follow the passes the request actually runs (``ObservedCosts``).
     """
 
     def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
                  decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8):
-        self.costs = costs
-        self.calibrated = costs  # the shape; self.costs = calibrated x the observed scale of each model
-        self.target_scale = self.draft_scale = 1.0
-        self.cost_decay = cost_decay
+        self.observed = ObservedCosts(costs, cost_decay)
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted = prior_acceptance * prior_weight
         self.rejected = (1.0 - prior_acceptance) * prior_weight
@@ -139,21 +163,12 @@ class AutoDraftLength:
         relative = self.costs.verify_cost(lag + 1) / self.costs.verify_cost(2)
         return self.costs.draft_step * max(relative - 1.0, 0.0)
 
+    @property
+    def costs(self) -> Costs:
+        return self.observed.costs
+
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
-        """Refine the calibrated costs with a pass the request really ran (same machine state, real context):
-        every width of that model moves by the ratio of this pass to its calibrated cost."""
-        keep = self.cost_decay
-        calibrated = self.calibrated
-        if role == "target" and 1 <= tokens <= len(calibrated.verify):
-            ratio = seconds / calibrated.verify[tokens - 1]
-            self.target_scale = keep * self.target_scale + (1 - keep) * ratio
-        elif role == "draft" and 1 <= tokens <= 2 and calibrated.draft_step > 0:
-            ratio = seconds / calibrated.draft_step
-            self.draft_scale = keep * self.draft_scale + (1 - keep) * ratio
-        else:
-            return
-        self.costs = Costs(calibrated.draft_step * self.draft_scale,
-                           tuple(cost * self.target_scale for cost in calibrated.verify))
+        self.observed.observe_pass(role, tokens, seconds)
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

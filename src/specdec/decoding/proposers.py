@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.decoding.cost_model import AutoDraftLength, Costs
+from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts
 from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
 from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache, SuffixTree, cost_cut
@@ -86,7 +86,7 @@ class ProposalPlan:
                                           prior_acceptance=LOOKUP_PRIOR_ACCEPTANCE[size])
                     for size in range(1, MAX_NGRAM + 1)
                 }
-            self.pass_costs = AutoDraftLength(Costs(0.0, costs.verify), max_gamma=AUTO_MAX_DRAFT_TOKENS)
+            self.pass_costs = ObservedCosts(costs)
         self.history = np.zeros(max_context, dtype=np.int64)
         self.filled = 0
 

@@ -179,3 +179,16 @@ def test_measures_fall_back_to_client_side_rate():
     got = measures(result)
     assert got["decode_tok_s"] == pytest.approx(5.0) and got["decode_source"] == "client"
     assert got["cached_tokens"] is None and got["computed_tokens"] is None
+
+
+def test_a_specdec_mode_server_sends_its_options_with_every_request():
+    from specdec.bench.session import SPECDEC_MODES, request_body
+
+    server = SessionServer("specdec:target", "http://127.0.0.1:9", "specdec", extra=SPECDEC_MODES["target"])
+    server.model = "m"
+    for request, messages in (({"route": "chat", "conversation": "c", "user": "u", "max_tokens": 5},
+                               [{"role": "user", "content": "u"}]),
+                              ({"route": "completion", "prompt": "x", "max_tokens": 5}, None)):
+        _, body = request_body(server, request, messages, None)
+        assert body["num_draft_tokens"] == 0 and body["max_tokens"] == 5
+    assert SPECDEC_MODES["default"] == {} and SPECDEC_MODES["suffix"] == {"proposer": "suffix"}

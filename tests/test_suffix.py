@@ -122,7 +122,7 @@ def warm_decoder():
     decoder = scripted_decoder()
     decoder.suffix_cache = SuffixCache(1 << 20)
     for prompt in (PROMPT, [4, 4], [2, 3, 1], [3, 1, 2, 5]):
-        for config, seed in ((None, 0), (SAMPLED[0], 1), (SAMPLED[1], 2)):
+        for config, seed in [(None, 0), (SAMPLED[0], 1), (SAMPLED[1], 2)] + [(SAMPLED[2], s) for s in range(3, 9)]:
             decoder.generate(prompt, max_new_tokens=30, sampling=config, seed=seed, proposer="suffix")
     return decoder
 
@@ -206,3 +206,25 @@ def test_planted_bug_keeping_a_rejected_childs_mass_fails_the_distribution_test(
 
     monkeypatch.setattr(tree_module, "_accept_chosen", planted)
     assert chi_square_pvalue(stat_suffix_decoder, SUFFIX_STAT_MODE, "rejection", runs=SUFFIX_RUNS) < 1e-4
+
+
+def test_planted_bug_in_tree_compaction_fails_greedy_identity(warm_decoder, monkeypatch):
+    """Negative control for the identity tests: keeping the tree's first rows instead of the accepted path's
+    (no compaction after a branching suffix tree) changes the output or is caught by the runner."""
+    from specdec.runners.runner import Runner
+
+    original = Runner.keep_path
+
+    def planted(self, sources, first_slot):  # the first rows of the tree kept, not the accepted path's
+        return original(self, list(range(first_slot, first_slot + len(sources))), first_slot)
+
+    monkeypatch.setattr(Runner, "keep_path", planted)
+    broken = 0
+    for prompt in ([2, 3], [3, 1], [4, 4, 2]):
+        base = warm_decoder.generate(prompt, max_new_tokens=30, num_draft_tokens=0)
+        try:
+            spec = warm_decoder.generate(prompt, max_new_tokens=30, proposer="suffix", num_draft_tokens=6)
+            broken += spec.token_ids != base.token_ids
+        except AssertionError:  # the scripted runner saw a sequence no causal LM could
+            broken += 1
+    assert broken > 0

@@ -48,8 +48,8 @@ def plan_uses_draft(request: Request, has_draft: bool) -> bool:
 
 
 def plan_needs_costs(request: Request, has_draft: bool) -> bool:
-    """Whether the plan chooses proposal lengths from measured pass costs: "auto" chains (draft or lookup).
-    A tree round sizes its tree itself and never reads them."""
+    """Whether the plan chooses proposals from measured pass costs: "auto" with the draft's chains, lookup or
+    suffix trees. A draft-tree round sizes its tree itself and never reads them."""
     return request.auto and request.tree is None and (
         plan_uses_draft(request, has_draft) or plan_uses_lookup(request) or plan_uses_suffix(request))
 
@@ -87,7 +87,7 @@ class ProposalPlan:
                     for size in range(1, MAX_NGRAM + 1)
                 }
             self.pass_costs = ObservedCosts(costs)
-        self.history = np.zeros(max_context, dtype=np.int64)
+        self.history = np.zeros(max_context if self.uses_lookup else 0, dtype=np.int64)  # lookup's copy of tokens
         self.filled = 0
 
     def propose(self, tokens: list, budget: int, draft_lag: int = 0, room: int = MAX_SUFFIX_NODES) -> Proposal:

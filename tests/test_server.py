@@ -84,6 +84,7 @@ def test_models_health_metrics(served):
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
     text = httpx.get(f"{url}/metrics").text
     assert "# TYPE specdec_queue_depth gauge" in text and "specdec_workers 2" in text
+    assert "# TYPE specdec_suffix_cache_tokens gauge" in text  # the default suffix store, shared by the workers
 
 
 def test_openai_client_chat_equals_in_process(client, decoder):

@@ -133,19 +133,23 @@ class AutoDraftLength:
         self.probe_every = probe_every
         self.min_gain = min_gain  # speculation must promise at least this ratio to be tried
         self.rounds_without_draft = 0
+        self.probing = False  # the latest choose() is a probe round: g=1 to refresh the estimate
 
     @property
     def acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
     def choose(self) -> int:
+        """This round's g (0: no draft); ``probing`` says whether it is a probe round."""
         gamma, speedup = best_gamma(self.acceptance, self.costs, self.max_gamma)
+        self.probing = False
         if gamma > 0 and speedup >= self.min_gain:
             self.rounds_without_draft = 0
             return gamma
         self.rounds_without_draft += 1
         if self.rounds_without_draft >= self.probe_every:
             self.rounds_without_draft = 0
+            self.probing = True
             return 1
         return 0
 

@@ -27,6 +27,7 @@ from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
 from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache, SuffixTree, cost_cut
 
+DRAFT_CATCH_UP_ROUNDS = 4  # auto hybrid (suffix | draft): the draft's catch-up pass charged over this many rounds
 # auto lookup: prior acceptance per matched n-gram size (a longer match predicts its continuation better)
 LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
 
@@ -141,8 +142,10 @@ class ProposalPlan:
             tree = cost_cut(tree, costs.verify_cost, pending)
         suffix_rate = tree.expected_tokens / costs.verify_cost(pending + len(tree.tokens)) if tree is not None else 0.0
         if gamma > 0:
-            catch_up = self.model_auto.draft_catch_up(draft_lag)
-            if self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
+            # the catch-up pass is paid once, then the draft runs on: spread over DRAFT_CATCH_UP_ROUNDS rounds
+            catch_up = self.model_auto.draft_catch_up(draft_lag) / DRAFT_CATCH_UP_ROUNDS
+            # a probe round runs whatever the estimates say: it is how a pessimistic estimate recovers
+            if self.model_auto.probing or self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
                     suffix_rate, 1.0 / costs.verify_cost(1)):
                 return Proposal("draft", gamma)
         if tree is not None and tree.tokens:

@@ -16,7 +16,8 @@ occurrences form a trie whose counts give each child's empirical frequency.
 
 Tree. Nodes are taken best-first by path probability: the product, along the path, of each
 node's frequency times a confidence factor learned from the verifications so far
-(``Calibration``: hits / predicted hits per matched-length bucket, shared by the workers). The
+(``Calibration``: hits / predicted hits per matched-length bucket, shared by the workers, and refined
+by each request's own verifications: ``RequestCalibration``). The
 tree is cut where another node would lower the expected tokens per second of the round (the
 machine's measured verify cost of each pass width), where the path probability falls below
 ``MIN_PATH_PROB``, or at ``max_spec_factor x match length`` nodes (SuffixDecoding's adaptive
@@ -47,6 +48,7 @@ BUCKET_EDGES = (1, 2, 4, 8, 16, 32)
 PRIOR_CONFIDENCE = (0.3, 0.45, 0.6, 0.7, 0.8, 0.85, 0.9)
 PRIOR_WEIGHT = 2.0
 CALIBRATION_DECAY = 0.995
+REQUEST_PRIOR_WEIGHT = 3.0  # a request's own evidence outweighs the shared factors after a few expansions
 
 
 def bucket(match_length: int) -> int:
@@ -92,7 +94,11 @@ def continuations(store: np.ndarray, ends: np.ndarray, stop: int, depth: int) ->
 
 class Calibration:
     """How often an expansion's proposed children hold the target's token, against what their frequencies
-    predicted, per matched-length bucket: the factor that turns frequencies into acceptance estimates."""
+    predicted, per matched-length bucket: the factor that turns frequencies into acceptance estimates.
+
+    One is shared by the workers (what this model and this traffic did so far); each request keeps its own
+    on top (``RequestCalibration``): prose repeats less than code, and a request's own verifications soon
+    say which it is."""
 
     def __init__(self):
         self.hits = np.array(PRIOR_CONFIDENCE) * PRIOR_WEIGHT
@@ -103,11 +109,35 @@ class Calibration:
         b = bucket(match_length)
         return float(self.hits[b] / self.predicted[b])
 
+    def factors(self) -> np.ndarray:
+        with self._lock:
+            return self.hits / self.predicted
+
     def observe(self, match_length: int, predicted: float, hit: bool) -> None:
         b = bucket(match_length)
         with self._lock:
             self.hits[b] = self.hits[b] * CALIBRATION_DECAY + hit
             self.predicted[b] = self.predicted[b] * CALIBRATION_DECAY + predicted
+
+
+class RequestCalibration:
+    """One request's factors: the shared calibration's, worth ``REQUEST_PRIOR_WEIGHT`` predicted hits, updated
+    by this request's own verifications (which also teach the shared one)."""
+
+    def __init__(self, shared: Calibration):
+        self.shared = shared
+        self.predicted = np.full(len(PRIOR_CONFIDENCE), REQUEST_PRIOR_WEIGHT)
+        self.hits = shared.factors() * self.predicted
+
+    def factor(self, match_length: int) -> float:
+        b = bucket(match_length)
+        return float(self.hits[b] / self.predicted[b])
+
+    def observe(self, match_length: int, predicted: float, hit: bool) -> None:
+        b = bucket(match_length)
+        self.hits[b] += hit
+        self.predicted[b] += predicted
+        self.shared.observe(match_length, predicted, hit)
 
 
 @dataclass(frozen=True)
@@ -136,7 +166,7 @@ class SuffixTree:
 EMPTY_TREE = SuffixTree((), (), (), (), (), 0)
 
 
-def build_tree(pieces: list, match_length: int, calibration: Calibration, max_nodes: int, max_depth: int) -> SuffixTree:
+def build_tree(pieces: list, match_length: int, calibration, max_nodes: int, max_depth: int) -> SuffixTree:
     """Best-first tree over the trie of ``pieces`` (continuations, most recent first): each node's path
     probability is its parent's times min(1, frequency x the calibration factor of its match length)."""
     if not pieces or max_nodes <= 0 or max_depth <= 0:
@@ -261,11 +291,11 @@ class SuffixCache:
 class RequestSuffix:
     """One request's suffix proposer: its own prompt and output, plus the shared cache of earlier outputs."""
 
-    def __init__(self, max_context: int, cache: SuffixCache | None, calibration: Calibration | None = None):
+    def __init__(self, max_context: int, cache: SuffixCache | None):
         self.history = np.zeros(max_context, dtype=np.int64)
         self.filled = 0
         self.cache = cache
-        self.calibration = calibration or (cache.calibration if cache is not None else Calibration())
+        self.calibration = RequestCalibration(cache.calibration if cache is not None else Calibration())
 
     def tree(self, tokens: list, max_nodes: int, max_depth: int) -> SuffixTree:
         """The likelier of the two stores' trees for the text ``tokens`` (before any cost cut)."""

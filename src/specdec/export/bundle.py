@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specdec.contract.bundle import sha256_file
+from specdec.contract.bundle import HashCache, default_hash_cache, sha256_file
 from specdec.contract.fim import find_fim_tokens
-from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
+from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, SourceFile
 
 from specdec.export.compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
 from specdec.export.destination import check_destination, remove_dead_staging, swap_into_place
@@ -170,6 +170,18 @@ def _write_failure(exc: OSError, where: Path) -> str:
     return f"writing the export under {where.absolute()} failed{full}: {reason}{path}; {free}"
 
 
+def source_file(given: str, source: ModelSource) -> SourceFile | None:
+    """The manifest's provenance record of a single-file source (a GGUF): the path as given, its name, size and
+    sha256; None for a folder source."""
+    if not source.gguf_file:
+        return None
+    path = source.path / source.gguf_file
+    hashes = HashCache(default_hash_cache())  # remembered: a bench checking the file later need not hash it again
+    digest = hashes.sha256(path)
+    hashes.save()
+    return SourceFile(path=str(given), file_name=source.gguf_file, size=path.stat().st_size, sha256=digest)
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -293,12 +305,16 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
         if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):
             progress("the source tokenizer has no chat template: the bundle generates but cannot chat")
         progress("hashing files")
+        given = {"target": options.target, "draft": options.draft}
+        sources = {role: record for role, source in (("target", target_source), ("draft", draft_source))
+                   if source is not None and (record := source_file(given[role], source)) is not None}
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             target=specs["target"],
             draft=specs.get("draft"),
             tokenizer_file="tokenizer/tokenizer.json",
             fim_tokens=find_fim_tokens(_token_id_of(tokenizers["target"])),
+            sources=sources,
             files=hash_tree(staging),
             tools=tool_versions(),
             extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),

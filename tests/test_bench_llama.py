@@ -120,18 +120,13 @@ def test_wait_healthy_sees_the_fake_server(fake_llama):
         ls.wait_healthy(f"http://127.0.0.1:{ls.free_port()}/health", timeout=0.5)
 
 
-def test_manifest_without_gguf_paths_needs_peer_gguf(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps({"target": {}, "draft": {}}))
-    assert ls.gguf_from_manifest(str(tmp_path)) == (None, None)
-    with pytest.raises(ValueError, match="give --peer-gguf TARGET"):
-        ls.resolve_ggufs(str(tmp_path), None)
-    target = tmp_path / "t.gguf"
-    target.write_bytes(b"GGUF" + b"\0" * 8)
-    (tmp_path / "manifest.json").write_text(json.dumps({"extra": {"source_gguf": {"target": str(target)}}}))
-    assert ls.resolve_ggufs(str(tmp_path), None) == (str(target), None)
+def test_peer_gguf_must_be_a_gguf_file(tmp_path):
     (tmp_path / "not.gguf").write_text("text")
     with pytest.raises(ValueError, match="is not a GGUF file"):
         ls.resolve_ggufs(str(tmp_path), [str(tmp_path / "not.gguf")])
+    with pytest.raises(ValueError, match="takes TARGET"):
+        ls.resolve_ggufs(str(tmp_path), ["a", "b", "c"])
+    # the manifest's own GGUFs (sha256-checked): tests/test_provenance.py
 
 
 def _prompts(tmp_path):

@@ -60,33 +60,45 @@ def check_gguf(path: str, role: str) -> str:
     return path
 
 
-def gguf_from_manifest(bundle: str) -> tuple:
-    """(target, draft) source GGUF paths when the bundle's manifest records them, else (None, None).
+def gguf_from_manifest(bundle: str, verify: bool = True) -> tuple:
+    """(target, draft) source GGUF paths the bundle's manifest records (``Manifest.sources``), else None each.
 
-    Looks in ``extra.source_gguf`` ({"target": ..., "draft": ...}) and at ``source_gguf`` / ``source`` in
-    each model's entry; the manifest of this version records none of them."""
-    try:
-        data = json.loads((Path(bundle) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None, None
-    extra = (data.get("extra") or {}).get("source_gguf") or {}
+    A recorded file must still be there with the sha256 recorded at export (checked through specdec's
+    verified-hash cache, so a second run does not hash the GGUFs again): otherwise one ValueError line."""
+    from specdec.contract.bundle import HashCache, default_hash_cache
+    from specdec.contract.manifest import Manifest
+
+    manifest = Manifest.read(bundle)
+    hashes = HashCache(default_hash_cache()) if verify else None
     found = []
     for role in ("target", "draft"):
-        entry = data.get(role) or {}
-        value = extra.get(role) if isinstance(extra, dict) else None
-        value = value or entry.get("source_gguf") or entry.get("source")
-        found.append(value if isinstance(value, str) and value.endswith(".gguf") else None)
+        record = manifest.sources.get(role)
+        if record is None or not record.file_name.lower().endswith(".gguf"):
+            found.append(None)
+            continue
+        if not os.path.isfile(record.path):
+            raise ValueError(f"--peer-llama-server: the {role} GGUF the bundle was exported from, {record.path}, is "
+                             "not there: give --peer-gguf TARGET [DRAFT]")
+        if hashes is not None:
+            digest = hashes.sha256(Path(record.path))
+            if digest != record.sha256:
+                raise ValueError(f"--peer-llama-server: {record.path} has sha256 {digest[:12]}..., not the "
+                                 f"{record.sha256[:12]}... the {role} was exported from: give --peer-gguf TARGET "
+                                 "[DRAFT] to compare against other files")
+        found.append(record.path)
+    if hashes is not None:
+        hashes.save()
     return tuple(found)
 
 
 def resolve_ggufs(bundle: str, peer_gguf) -> tuple:
-    """(target, draft or None) from ``--peer-gguf TARGET [DRAFT]``, else the manifest; checked now."""
-    target, draft = (list(peer_gguf) + [None])[:2] if peer_gguf else gguf_from_manifest(bundle)
+    """(target, draft or None) from ``--peer-gguf TARGET [DRAFT]``, else the manifest's sources; checked now."""
     if peer_gguf and len(peer_gguf) > 2:
         raise ValueError("--peer-gguf takes TARGET [DRAFT]")
+    target, draft = (list(peer_gguf) + [None])[:2] if peer_gguf else gguf_from_manifest(bundle)
     if not target:
         raise ValueError("--peer-llama-server needs the source GGUF: give --peer-gguf TARGET [DRAFT] (the bundle's "
-                         "manifest records none)")
+                         "manifest records none: bundles exported from GGUF files record them)")
     return check_gguf(target, "target"), (check_gguf(draft, "draft") if draft else None)
 
 

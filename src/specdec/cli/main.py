@@ -1,4 +1,4 @@
-"""``specdec``: a thin argv front (generate, chat, serve, bench, demo); every command is a library call."""
+"""``specdec``: a thin argv front (generate, chat, serve, bench, demo, eval); every command is a library call."""
 
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.cli.demo import add_demo_parser
 
     add_demo_parser(commands)
+    from specdec.cli.eval import add_eval_parser
+
+    add_eval_parser(commands)
     return parser
 
 
@@ -183,9 +186,11 @@ def main(argv=None) -> int:
     args.command_line = shlex.join(["specdec", *argv])
     from specdec.cli.bench import cmd_bench
     from specdec.cli.demo import cmd_demo
+    from specdec.cli.eval import cmd_eval
     from specdec.cli.serve import cmd_serve
 
-    handlers = {"generate": cmd_generate, "infill": cmd_infill, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "demo": cmd_demo}
+    handlers = {"generate": cmd_generate, "infill": cmd_infill, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "demo": cmd_demo,
+                "eval": cmd_eval}
     try:
         return handlers[args.command](args)
     except (ValueError, OSError, RuntimeError) as exc:

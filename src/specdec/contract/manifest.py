@@ -296,6 +296,23 @@ def format_version(value, where):
 
 
 @dataclass(frozen=True)
+class SourceFile:
+    """A model file a bundle was exported from (provenance: benches and evals compare against it; the runtime
+    never reads it). ``path`` is as the exporter was given it (on the exporting machine)."""
+    path: str
+    file_name: str
+    size: int  # bytes
+    sha256: str
+
+
+def _non_negative_int(value, where):
+    return value if is_int(value) and value >= 0 else fail(where, "an integer >= 0", value)
+
+
+SOURCE_FILE = record(SourceFile, {"path": text, "file_name": text, "size": _non_negative_int, "sha256": sha256_hex})
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     target: ModelSpec
@@ -306,8 +323,14 @@ class Manifest:
     extra: dict = field(default_factory=dict)  # free notes (parity errors, export time); never read by the runtime
     engines: dict = field(default_factory=dict)  # role -> TensorRT engine record (specdec.runners.tensorrt.records)
     fim_tokens: dict = field(default_factory=dict)  # fill-in-the-middle role -> token id (contract/fim.py); {} = none
+    # role -> SourceFile of the single-file source (a GGUF) each model was exported from; {} in bundles written
+    # before this field and for folder sources
+    sources: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        stray = sorted(set(self.sources) - set(self.models()))
+        if stray:
+            raise BundleError(f"sources names {stray[0]!r}, a model this bundle does not have")
         if self.draft is not None:  # acceptance compares the two distributions id by id
             for key in ("vocab_size", "eos_token_ids"):
                 if getattr(self.draft, key) != getattr(self.target, key):
@@ -365,6 +388,7 @@ MANIFEST_FIELDS = {
     "extra": mapping(text, anything),
     "engines": mapping(one_of(ROLES), mapping(text, anything)),
     "fim_tokens": mapping(one_of(FIM_ROLES), token_id),
+    "sources": mapping(one_of(ROLES), SOURCE_FILE),
 }
 
 

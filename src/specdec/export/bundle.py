@@ -29,13 +29,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specdec.contract.bundle import sha256_file
+from specdec.contract.bundle import HashCache, default_hash_cache, sha256_file
 from specdec.contract.fim import find_fim_tokens
-from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
+from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, SourceFile
 
 from specdec.export.compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
 from specdec.export.destination import check_destination, remove_dead_staging, swap_into_place
-from specdec.export.quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, quantize_onnx
+from specdec.export.quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, QuantRecipe, quantize_onnx
 from specdec.export.sources import DTYPES, ModelSource, SourceError, load_configs, load_model, load_tokenizer, resolve_source
 from specdec.export.worker import ExportError, one_line, run_isolated
 
@@ -64,6 +64,9 @@ class ExportOptions:
     # tied but which carry two quantized copies (the Qwen2.5-Coder GGUFs: output.weight Q6_K, token_embd Q4_K), so
     # that the int4 bundle stores the table once (tie_model_embeddings; the parity reference is the tied model).
     tie_embeddings: bool = False
+    # how int4 weights are chosen (quantize.py: method "rtn" | "rtn-asym" | "k-quant", lm_head bits 4 | 8)
+    quant_method: str = QuantRecipe.method
+    lm_head_bits: int = QuantRecipe.lm_head_bits
 
     def __post_init__(self):
         if self.graph not in ("auto", "fused", "standard"):
@@ -84,12 +87,19 @@ class ExportOptions:
             raise ValueError("--quant int4-qdq applies to a float32 or float16 export")
         if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
+        recipe = QuantRecipe(self.quant_method, self.lm_head_bits)  # each a one-line ValueError
+        if recipe != QuantRecipe() and self.quant != "int4":
+            raise ValueError(f"--quant-method / --lm-head-bits apply to --quant int4, not --quant {self.quant}")
         for flag, size in (("--block-size", self.block_size), ("--draft-block-size", self.draft_block_size)):
             if size not in BLOCK_SIZES:
                 raise ValueError(f"{flag} {size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
 
     def block_size_for(self, role: str) -> int:
         return self.draft_block_size if role == "draft" else self.block_size
+
+    @property
+    def recipe(self) -> QuantRecipe:
+        return QuantRecipe(self.quant_method, self.lm_head_bits)
 
 
 def tie_model_embeddings(model) -> str:
@@ -170,6 +180,18 @@ def _write_failure(exc: OSError, where: Path) -> str:
     return f"writing the export under {where.absolute()} failed{full}: {reason}{path}; {free}"
 
 
+def source_file(given: str, source: ModelSource) -> SourceFile | None:
+    """The manifest's provenance record of a single-file source (a GGUF): the path as given, its name, size and
+    sha256; None for a folder source."""
+    if not source.gguf_file:
+        return None
+    path = source.path / source.gguf_file
+    hashes = HashCache(default_hash_cache())  # remembered: a bench checking the file later need not hash it again
+    digest = hashes.sha256(path)
+    hashes.save()
+    return SourceFile(path=str(given), file_name=source.gguf_file, size=path.stat().st_size, sha256=digest)
+
+
 def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -222,9 +244,11 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     )
     if options.quant != "none":
         block = options.block_size_for(role)
-        progress(f"{role}: quantizing weights to {options.quant} (block {block})")
+        method = f", {options.quant_method}" + (f", lm_head {options.lm_head_bits}-bit" if options.lm_head_bits != 4
+                                                 else "") if options.quant == "int4" else ""
+        progress(f"{role}: quantizing weights to {options.quant} (block {block}{method})")
         quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level,
-                      block_size=block)
+                      block_size=block, recipe=options.recipe)
         shutil.rmtree(float_dir)
         spec = replace(spec, quant=options.quant)
         if references is not None:
@@ -293,17 +317,22 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
         if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):
             progress("the source tokenizer has no chat template: the bundle generates but cannot chat")
         progress("hashing files")
+        given = {"target": options.target, "draft": options.draft}
+        sources = {role: record for role, source in (("target", target_source), ("draft", draft_source))
+                   if source is not None and (record := source_file(given[role], source)) is not None}
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             target=specs["target"],
             draft=specs.get("draft"),
             tokenizer_file="tokenizer/tokenizer.json",
             fim_tokens=find_fim_tokens(_token_id_of(tokenizers["target"])),
+            sources=sources,
             files=hash_tree(staging),
             tools=tool_versions(),
             extra={"parity_max_abs_error": parity, "export_seconds": round(time.monotonic() - started, 1),
                    **({"quant_block_size": {role: options.block_size_for(role) for role in specs}}
                       if options.quant != "none" else {}),
+                   **({"quant_recipe": options.recipe.to_dict()} if options.quant == "int4" else {}),
                    **({"tied_embeddings": "lm_head"} if options.tie_embeddings else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())

@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 from specdec.export.pair import DEFAULT_PAIR, PAIRS
+from specdec.export.quantize import LM_HEAD_BITS, QUANT_METHODS, QuantRecipe
 from specdec.export.vocab_prune import DEFAULT_DRAFT_VOCAB
 
 
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-block-size", type=int, default=None,
                         help="draft: weights per quantization scale (default 128: a faster draft; its accuracy "
                              "only moves the acceptance rate, never the output)")
+    parser.add_argument("--quant-method", default=None, choices=list(QUANT_METHODS),
+                        help=f"--quant int4: how the 4-bit weights are chosen (default {QuantRecipe.method}): rtn = "
+                             "symmetric round-to-nearest; rtn-asym = min/max with zero points; k-quant = llama.cpp's "
+                             "k-quant scale/min search with zero points (docs/bundle.md)")
+    parser.add_argument("--lm-head-bits", type=int, default=None, choices=list(LM_HEAD_BITS),
+                        help=f"--quant int4: bits of the output projection (default {QuantRecipe.lm_head_bits})")
     parser.add_argument("--graph", default="auto", choices=["auto", "fused", "standard"],
                         help="graph form: fused = onnxruntime's GroupQueryAttention with the KV cache read and written "
                              "in place (CPU, fastest); standard = portable ONNX (TensorRT's input); auto (default) = "
@@ -141,7 +148,9 @@ def _main(args) -> int:
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level, graph=args.graph,
             tie_embeddings=args.tie_embeddings,
             **{name: value for name, value in (("block_size", args.block_size),
-                                               ("draft_block_size", args.draft_block_size)) if value is not None},
+                                               ("draft_block_size", args.draft_block_size),
+                                               ("quant_method", args.quant_method),
+                                               ("lm_head_bits", args.lm_head_bits)) if value is not None},
         )
         manifest = export_bundle(options, progress)
         if args.draft_vocab is not None:  # the whole bundle replaces --out only once it is pruned

@@ -11,10 +11,27 @@ Activations, the KV cache and attention stay in the model dtype.
 With ``int4`` the token embedding is quantized too (``com.microsoft.GatherBlockQuantized``, the
 same 4-bit blocks): a tied embedding reads the lm_head's MatMulNBits weights themselves, so
 the table is stored once, in int4, instead of once in float32 beside the int4 lm_head.
+
+How the int4 weights are chosen (``QuantRecipe``, measured on the Qwen2.5-Coder pair in
+benchmarks/results/2026-12-01-quality-int4/):
+
+- ``method``: ``rtn`` = onnxruntime's symmetric round-to-nearest (scale = max|w| / 7, zero point 8);
+  ``rtn-asym`` = its min/max round-to-nearest with a 4-bit zero point per block; ``k-quant`` = llama.cpp's
+  k-quant search (onnxruntime's ``quant_tensor_k_quant_cpu``: per block, the scale and minimum that minimise
+  an importance-weighted squared error over 20 candidate scales), stored as a scale and a 4-bit zero point,
+  quantized here in row chunks so the search's temporaries stay small. Zero points cost 4 bits per block
+  (block 32: 5.125 bits per weight instead of 5.0) and no measurable time in MatMulNBits.
+  Not offered: onnxruntime's HQQ writes float zero points, which its CPU MatMulNBits runs through a
+  dequantizing fallback (~50x slower per pass in a 1536 x 8960 microbenchmark); the GGUF's Q4_K blocks
+  cannot be carried over exactly for the same reason (their per-block minimum divided by the scale is not
+  an integer zero point).
+- ``lm_head_bits``: 8 stores the output projection as 8-bit MatMulNBits (llama.cpp's Q4_K_M keeps it at
+  6 bits), at the cost of reading more bytes per token.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 QUANTS = ("none", "int4", "int8", "int4-qdq")
@@ -24,10 +41,30 @@ BLOCK_SIZE = 32  # the target's default: the accuracy of onnxruntime-genai's CPU
 # step instead of 0.37x at the same acceptance (0.72), so every draft round is cheaper.
 DRAFT_BLOCK_SIZE = 128
 BLOCK_SIZES = (16, 32, 64, 128, 256)
+QUANT_METHODS = ("rtn", "rtn-asym", "k-quant")
+LM_HEAD_BITS = (4, 8)
+K_QUANT_CHUNK = 1 << 22  # weights per k-quant call: its ~10 float temporaries stay ~160 MB
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """How int4 weights are chosen (module docstring). The default is the recipe measured best."""
+
+    method: str = "rtn"
+    lm_head_bits: int = 4
+
+    def __post_init__(self):
+        if self.method not in QUANT_METHODS:
+            raise ValueError(f"--quant-method {self.method!r} is not one of {', '.join(QUANT_METHODS)}")
+        if self.lm_head_bits not in LM_HEAD_BITS:
+            raise ValueError(f"--lm-head-bits {self.lm_head_bits!r} is not one of {', '.join(map(str, LM_HEAD_BITS))}")
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "lm_head_bits": self.lm_head_bits}
 
 
 def quantize_onnx(src: Path, dst: Path, quant: str, accuracy_level: int | None = None, isolated: bool = True,
-                  block_size: int = BLOCK_SIZE) -> None:
+                  block_size: int = BLOCK_SIZE, recipe: QuantRecipe = QuantRecipe()) -> None:
     """Quantize the model at ``src`` (ONNX + external data) into ``dst``.
 
     ``isolated``: run in a fresh Python process. The quantizer holds the whole float model in
@@ -41,12 +78,12 @@ def quantize_onnx(src: Path, dst: Path, quant: str, accuracy_level: int | None =
         release_freed_memory()
         level = "none" if accuracy_level is None else str(accuracy_level)
         proc = subprocess.run([sys.executable, "-m", "specdec.export.quantize", str(src), str(dst), quant, level,
-                               str(block_size)], capture_output=True, text=True)
+                               str(block_size), recipe.method, str(recipe.lm_head_bits)], capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"quantization of {src.name} failed: {tail}")
         return
-    _quantize(src, dst, quant, accuracy_level, block_size)
+    _quantize(src, dst, quant, accuracy_level, block_size, recipe)
 
 
 def release_freed_memory() -> None:
@@ -61,7 +98,8 @@ def release_freed_memory() -> None:
         pass
 
 
-def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, block_size: int = BLOCK_SIZE) -> None:
+def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, block_size: int = BLOCK_SIZE,
+              recipe: QuantRecipe = QuantRecipe()) -> None:
     import onnx
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
@@ -70,21 +108,102 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
         raise ValueError(f"quant {quant!r} is not one of {', '.join(QUANTS[1:])}")
     bits = 8 if quant == "int8" else 4
     quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
+    if recipe != QuantRecipe() and (bits != 4 or quant_format != QuantFormat.QOperator):
+        raise ValueError(f"--quant-method / --lm-head-bits apply to --quant int4, not {quant}")
     model = onnx.load(str(src), load_external_data=True)
     fold_weight_transposes(model)
     tied = _tied_lm_head_output(model) if bits == 4 and quant_format == QuantFormat.QOperator else None
-    config = DefaultWeightOnlyQuantConfig(
-        block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level, bits=bits, quant_format=quant_format
-    )
-    quantizer = MatMulNBitsQuantizer(
-        model, bits=bits, block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level, algo_config=config
-    )
-    quantizer.process()
-    del model
+    lm_head = _lm_head_node(model) if recipe.lm_head_bits != bits else None
+    if recipe.method == "k-quant":
+        k_quantize_matmuls(model, block_size, accuracy_level, skip={lm_head} - {None})
+    else:
+        symmetric = recipe.method == "rtn"
+        config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
+                                              accuracy_level=accuracy_level, bits=bits, quant_format=quant_format)
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
+                                         accuracy_level=accuracy_level, algo_config=config,
+                                         nodes_to_exclude=[lm_head] if lm_head else None)
+        quantizer.process()
+        model = quantizer.model.model
+    if lm_head is not None:  # the one float MatMul left with a constant weight: the lm_head, at its own width
+        config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
+                                              bits=recipe.lm_head_bits, quant_format=quant_format)
+        quantizer = MatMulNBitsQuantizer(model, bits=recipe.lm_head_bits, block_size=block_size, is_symmetric=True,
+                                         accuracy_level=accuracy_level, algo_config=config)
+        quantizer.process()
+        model = quantizer.model.model
     if bits == 4 and quant_format == QuantFormat.QOperator:
-        quantize_embedding(quantizer.model.model, block_size, tied)
+        quantize_embedding(model, block_size, tied)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    quantizer.model.save_model_to_file(str(dst), use_external_data_format=True)
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    ONNXModel(model).save_model_to_file(str(dst), use_external_data_format=True)
+
+
+def _lm_head_node(model) -> str | None:
+    """Name of the float MatMul (constant weight) that writes the ``logits`` output, or None."""
+    initializers = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and "logits" in node.output and node.input[1] in initializers:
+            return node.name
+    return None
+
+
+def k_quantize_matmuls(model, block_size: int, accuracy_level: int | None, skip=frozenset()) -> None:
+    """Every MatMul with a constant 2-D float weight (not in ``skip``) becomes a 4-bit MatMulNBits whose scales and
+    zero points come from llama.cpp's k-quant search (onnxruntime's ``quant_tensor_k_quant_cpu``), in place.
+
+    The search runs over row chunks of the transposed weight (``K_QUANT_CHUNK`` weights each): it is exact per
+    block, so chunking changes nothing but the size of its temporaries. Stored as onnxruntime's own quantizer
+    stores asymmetric weights: data [N, blocks, block/2] (low nibble first), scales [N, blocks] float32, zero
+    points [N, ceil(blocks/2)] (two per byte, low nibble first)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnxruntime.quantization.neural_compressor.weight_only import quant_tensor_k_quant_cpu
+
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    uses = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    for node in list(graph.node):
+        tensor = initializers.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if tensor is None or node.name in skip or len(tensor.dims) != 2 or tensor.data_type != 1:
+            continue
+        rows, cols = tensor.dims  # K, N
+        blocks = -(-rows // block_size)
+        columns = np.zeros((cols, blocks * block_size), np.float32)  # [N, K padded]: blocks run along K
+        columns[:, :rows] = numpy_helper.to_array(tensor).T
+        q = np.empty((cols, blocks * block_size), np.uint8)
+        scales = np.empty((cols, blocks), np.float32)
+        zeros = np.zeros((cols, blocks + blocks % 2), np.uint8)
+        step = max(1, K_QUANT_CHUNK // columns.shape[1])
+        for start in range(0, cols, step):
+            end = min(start + step, cols)
+            part_q, part_scale, part_zero = quant_tensor_k_quant_cpu(columns[start:end], 4, block_size)
+            q[start:end] = part_q.reshape(end - start, -1)
+            scales[start:end] = part_scale.reshape(end - start, blocks)
+            zeros[start:end, :blocks] = part_zero.reshape(end - start, blocks)
+        del columns
+        packed = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(cols, blocks, block_size // 2)
+        packed_zeros = zeros[:, 0::2] | (zeros[:, 1::2] << 4)
+        prefix = node.input[1]
+        names = (f"{prefix}_Q4", f"{prefix}_scales", f"{prefix}_zero_points")
+        graph.initializer.extend([numpy_helper.from_array(packed, names[0]), numpy_helper.from_array(scales, names[1]),
+                                  numpy_helper.from_array(packed_zeros, names[2])])
+        level = {"accuracy_level": accuracy_level} if accuracy_level is not None else {}
+        q_node = helper.make_node("MatMulNBits", [node.input[0], *names], list(node.output), name=f"{node.name}_Q4",
+                                  domain="com.microsoft", K=rows, N=cols, bits=4, block_size=block_size, **level)
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(position, q_node)
+        uses[prefix] -= 1
+        if uses[prefix] == 0:
+            graph.initializer.remove(tensor)
+            del initializers[prefix]
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
 def fold_weight_transposes(model) -> None:
@@ -216,5 +335,6 @@ def quantize_embedding(model, block_size: int, tied_output: str | None) -> None:
 if __name__ == "__main__":  # the isolated worker of quantize_onnx
     import sys
 
-    _src, _dst, _quant, _level, _block = sys.argv[1:6]
-    _quantize(Path(_src), Path(_dst), _quant, None if _level == "none" else int(_level), int(_block))
+    _src, _dst, _quant, _level, _block, _method, _head = sys.argv[1:8]
+    _quantize(Path(_src), Path(_dst), _quant, None if _level == "none" else int(_level), int(_block),
+              QuantRecipe(_method, int(_head)))

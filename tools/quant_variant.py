@@ -1,0 +1,72 @@
+"""Quantize a float32 bundle's models with one int4 recipe into a new bundle, without exporting again.
+
+    python tools/quant_variant.py FLOAT_BUNDLE OUT [--role target|draft|both] [--method rtn|rtn-asym|k-quant]
+        [--lm-head-bits 4|8] [--block-size N] [--accuracy-level 4]
+
+FLOAT_BUNDLE: a ``specdec-export --quant none`` bundle (fused graph): its ONNX is exactly what the exporter
+hands to quantization, so a variant equals what ``specdec-export --quant int4`` with the same recipe writes
+(parity notes aside). The roles not quantized are hard links to the float files (no extra disk). OUT gets a
+manifest with fresh hashes; ``specdec eval OUT`` and ``tools/graph_profile.py OUT`` then measure the recipe.
+Quantization runs in this process: ``/usr/bin/time -v`` around this tool gives its peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from specdec.contract.manifest import MANIFEST_NAME, Manifest
+from specdec.export.bundle import hash_tree
+from specdec.export.quantize import LM_HEAD_BITS, QUANT_METHODS, QuantRecipe, quantize_onnx
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--role", choices=["target", "draft", "both"], default="both")
+    parser.add_argument("--method", choices=QUANT_METHODS, default=QuantRecipe.method)
+    parser.add_argument("--lm-head-bits", type=int, choices=LM_HEAD_BITS, default=QuantRecipe.lm_head_bits)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--accuracy-level", type=int, default=4)
+    args = parser.parse_args()
+    manifest = Manifest.read(args.bundle)
+    if any(spec.quant != "none" or spec.graph != "fused" for spec in manifest.models().values()):
+        print("quant_variant: error: give a float32 bundle in the fused form (specdec-export --quant none)",
+              file=sys.stderr)
+        return 2
+    if args.out.exists():
+        print(f"quant_variant: error: {args.out} exists", file=sys.stderr)
+        return 2
+    roles = ("target", "draft") if args.role == "both" else (args.role,)
+    recipe = QuantRecipe(args.method, args.lm_head_bits)
+    staging = args.out.with_name(f".{args.out.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(args.bundle, staging, copy_function=os.link)  # hard links: no extra disk
+    specs = {}
+    for role, spec in manifest.models().items():
+        if role not in roles:
+            continue
+        started = time.monotonic()
+        folder = staging / Path(spec.onnx_file).parent
+        shutil.rmtree(folder)
+        quantize_onnx(args.bundle / spec.onnx_file, staging / spec.onnx_file, "int4", args.accuracy_level,
+                      isolated=False, block_size=args.block_size, recipe=recipe)
+        specs[role] = replace(spec, quant="int4")
+        print(f"{role}: {recipe.method}, lm_head {recipe.lm_head_bits}-bit, block {args.block_size}: "
+              f"{time.monotonic() - started:.0f} s", file=sys.stderr)
+    new = replace(manifest, **specs, files=hash_tree(staging),
+                  extra={**manifest.extra, "quant_variant": {"roles": list(roles), **recipe.to_dict(),
+                                                             "block_size": args.block_size}})
+    (staging / MANIFEST_NAME).write_text(new.to_json())
+    staging.rename(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

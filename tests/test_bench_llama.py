@@ -63,6 +63,7 @@ def test_server_args_for_each_mode():
                                           "--spec-draft-n-max", "5"]
     assert args("llama:ngram-simple") == base + ["--spec-type", "ngram-simple"]
     assert args("llama:ngram-mod") == base + ["--spec-type", "ngram-mod"]
+    assert args("llama:ngram-cache") == base + ["--spec-type", "ngram-cache"]
     with pytest.raises(ValueError, match="unknown llama.cpp mode"):
         args("llama:magic")
 
@@ -71,8 +72,9 @@ def test_modes_the_binary_or_files_cannot_run_are_skipped_with_a_note():
     help_output = "--spec-type none,draft-simple,ngram-simple\n--model-draft FNAME\n--spec-draft-n-max N\n"
     modes, notes = ls.usable_modes(ls.MODES, help_output, "d.gguf")
     assert modes == ("llama:target", "llama:draft", "llama:ngram-simple")
-    assert notes == ["llama:ngram-mod skipped: this llama-server's --help lacks ngram-mod"]
-    modes, notes = ls.usable_modes(ls.MODES, help_output + "ngram-mod", None)
+    assert notes == ["llama:ngram-mod skipped: this llama-server's --help lacks ngram-mod",
+                     "llama:ngram-cache skipped: this llama-server's --help lacks ngram-cache"]
+    modes, notes = ls.usable_modes(ls.MODES, help_output + "ngram-mod,ngram-cache", None)
     assert "llama:draft" not in modes and notes[0].startswith("llama:draft skipped: no draft GGUF")
 
 

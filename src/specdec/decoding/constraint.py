@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +76,8 @@ class Constraint:
         if not isinstance(schema, dict):
             raise ConstraintError(f"json schema must be an object, got {type(schema).__name__}")
         try:
-            return cls("json_schema", json.dumps(schema, sort_keys=True))
+            # key order kept: the output writes properties in the schema's order
+            return cls("json_schema", json.dumps(schema, ensure_ascii=False))
         except (TypeError, ValueError) as exc:
             raise ConstraintError(f"json schema is not plain JSON: {exc}") from None
 
@@ -237,7 +239,7 @@ class GrammarGuide:
     ``output`` is a callable returning the committed output tokens (the request state's; it only grows).
     ``end_ids``: the ids that end the output (EOS, stop ids): allowed exactly where the grammar may end."""
 
-    def __init__(self, compiled: CompiledConstraint, output, eos_ids, end_ids):
+    def __init__(self, compiled: CompiledConstraint, output, eos_ids, end_ids, stats=None):
         llg = _llguidance()
         self._llg = llg
         self.vocab_size = compiled.vocab_size
@@ -253,7 +255,7 @@ class GrammarGuide:
         self._bitmask = llg.numpy.allocate_token_bitmask(1, self.vocab_size)
         self._cache: dict = {}
         self._cache_base = -1
-        self.mask_calls = 0  # masks computed by the engine (not cached)
+        self.stats = stats  # GenerationStats: grammar_masks / grammar_seconds (None: not counted)
 
     # ------------------------------------------------------------------ the matcher follows the sequence
     def _align(self, sequence: list) -> None:
@@ -286,13 +288,16 @@ class GrammarGuide:
         if any(t in self.end_ids for t in key):
             self._cache[key] = None
             return None
+        started = time.perf_counter()
         self._align(list(output) + list(key))
         self._synced = max(self._synced, len(output))
         self._llg.numpy.fill_next_token_bitmask(self.matcher, self._bitmask)
-        self.mask_calls += 1
         allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
         if allowed[self.eos_ids].any() or self.matcher.is_accepting():  # the grammar may end: every end id may
             allowed[self._end_array[self._end_array < self.vocab_size]] = True
+        if self.stats is not None:
+            self.stats.grammar_masks += 1
+            self.stats.grammar_seconds += time.perf_counter() - started
         if not allowed.any():
             raise ConstraintError("constraint: the grammar allows no token here (the matcher is in an error state: "
                                   f"{one_line(self.matcher.get_error() or 'no token allowed')})")

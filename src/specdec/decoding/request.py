@@ -45,6 +45,8 @@ class GenerationStats:
     rejected_rounds: int = 0  # rounds that proposed tokens and rejected one (the per-token estimator's count)
     lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
     tree_nodes: int = 0  # draft tree nodes verified (tree mode)
+    grammar_masks: int = 0  # token masks the constraint engine computed (with a constraint)
+    grammar_seconds: float = 0.0  # time computing them (part of host_seconds)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -273,7 +275,7 @@ class RequestState:
             from specdec.decoding.constraint import GrammarGuide
 
             self.guide = GrammarGuide(request.constraint, lambda: self.output, self.eos_ids,
-                                      request.stop_token_ids)
+                                      request.stop_token_ids, self.stats)
         self.logprobs = {} if request.logprobs is not None else None  # absolute position -> TokenLogprob
         if request.max_new_tokens == 0:  # a warm-up: prefill into the cache, generate nothing
             self.finish = "length"

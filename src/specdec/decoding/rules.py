@@ -96,7 +96,10 @@ class TokenRule:
     ) -> tuple[int, int]:
         """(accepted count, the recovered or bonus token)."""
         proposals = list(proposals)
-        if self.guide is not None:  # a proposal the grammar forbids is never accepted: the chain ends before it
+        if self.guide is not None and self.mode == "rejection":
+            # a proposal the grammar forbids is never accepted (p = 0), and no row after it can be scored: the
+            # chain ends before it (rejection sampling scores every row; greedy / coupled stop at a mismatch,
+            # and the target's token, always allowed, never matches a forbidden one)
             cut = self.guide.admissible(proposals)
             proposals, draft_dists = proposals[:cut], list(draft_dists)[:cut]
         accepted, token = self._verify_chain(rows, contexts, proposals, draft_dists, first_position)

@@ -131,7 +131,8 @@ def tool_call_constraint(tools: list, form: ToolFormat, parallel: bool = True, c
 
     sep = json.dumps(form.separator)
     repeat = f' ({sep} call)*' if parallel else ""
-    lark = (f"start: call{repeat}\n"
+    # a separator may follow the last call (a model writes it before deciding to stop or call again)
+    lark = (f"start: call{repeat} {sep}?\n"
             f"call: {marker(form.start)} {sep} body {sep} {marker(form.end)}\n"
             f"body: %json {json.dumps(schema)}\n")
     return Constraint.lark(lark)

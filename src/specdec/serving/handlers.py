@@ -118,11 +118,20 @@ def stream_work(prepared: Prepared):
         stream = decoder.stream(prepared.prompt_ids, stats=stats, **prepared.options)
         finish, first_piece, newline = None, None, False
         with_logprobs = prepared.options.get("logprobs") is not None
+        ends = set(decoder.eos_ids) | set(prepared.options.get("stop_token_ids", ()))
         sent = 0
+
+        def answer_logprobs() -> list:
+            """The logprobs so far, without a final end-of-turn token (not part of the answer)."""
+            entries, ids = stream.logprobs, stream.token_ids
+            if stream.finish_reason in ("eos", "stop") and ids and ids[-1] in ends:
+                entries = entries[:-1]
+            return entries
+
         try:
             for piece in stream:
                 if with_logprobs:
-                    entries = stream.logprobs
+                    entries = answer_logprobs()
                     yield Piece(piece, entries[sent:])
                     sent = len(entries)
                 else:
@@ -136,13 +145,7 @@ def stream_work(prepared: Prepared):
         finally:
             stream.close()
         ids = stream.token_ids
-        rest = None
-        if with_logprobs:
-            entries = stream.logprobs
-            if stream.finish_reason in ("eos", "stop") and ids and (
-                    ids[-1] in decoder.eos_ids or ids[-1] in prepared.options.get("stop_token_ids", ())):
-                entries = entries[:-1]  # the end-of-turn token is not part of the answer
-            rest = entries[sent:]
+        rest = answer_logprobs()[sent:] if with_logprobs else None
         yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest)
 
     return run

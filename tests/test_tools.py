@@ -74,7 +74,9 @@ def test_streamed_calls_equal_parsed_calls_at_any_piece_boundary(cut):
         assert "<" not in piece  # no marker text leaks into content
         content += piece
         calls += finished
-    content += stream.finish()
+    rest, finished = stream.finish()
+    content += rest
+    calls += finished
     expected_content, expected_calls = parse_tool_calls(text, QWEN)
     assert content.strip() == expected_content
     assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in expected_calls]
@@ -82,8 +84,40 @@ def test_streamed_calls_equal_parsed_calls_at_any_piece_boundary(cut):
 
 def test_stream_without_calls_is_the_text():
     stream = ToolCallStream(QWEN)
-    out = "".join(stream.push(p)[0] for p in ["a <", "tool", " b", " <tool_c", "x"]) + stream.finish()
+    out = "".join(stream.push(p)[0] for p in ["a <", "tool", " b", " <tool_c", "x"]) + stream.finish()[0]
     assert out == "a <tool b <tool_cx"
+
+
+BARE = ['```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        '```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]\n```']
+
+
+@pytest.mark.parametrize("text", BARE)
+def test_a_bare_json_call_naming_a_given_tool_is_a_call(text):
+    names = ["get_weather", "get_time"]
+    content, calls = parse_tool_calls(text, QWEN, names)
+    assert content is None and calls and calls[0].name == "get_weather"
+    assert json.loads(calls[0].arguments) == {"city": "Paris"}
+    stream = ToolCallStream(QWEN, names)
+    assert all(stream.push(text[i:i + 4]) == ("", []) for i in range(0, len(text), 4))  # held: JSON may be a call
+    rest, finished = stream.finish()
+    assert rest == "" and [(c.name, c.arguments) for c in finished] == [(c.name, c.arguments) for c in calls]
+
+
+@pytest.mark.parametrize("text, names", [
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', None),  # no tools offered
+    ('{"name": "other", "arguments": {}}', ["get_weather"]),  # not a given tool
+    ('{"name": "get_weather", "arguments": {}, "x": 1}', ["get_weather"]),  # not the call shape
+    ('Here: {"name": "get_weather", "arguments": {}}', ["get_weather"]),  # not the whole answer
+    ('```python\nprint(1)\n```', ["get_weather"]),
+])
+def test_other_json_is_content(text, names):
+    assert parse_tool_calls(text, QWEN, names) == (text, [])
+    stream = ToolCallStream(QWEN, names)
+    streamed = "".join(stream.push(text[i:i + 3])[0] for i in range(0, len(text), 3))
+    rest, finished = stream.finish()
+    assert streamed + rest == text and finished == []
 
 
 def test_tool_specs_and_choices_are_checked():

@@ -31,13 +31,18 @@ class ToolFormat:
     name_key: str = "name"
     arguments_key: str = "arguments"
     separator: str = "\n"  # between consecutive calls, and inside the markers around the JSON
+    # the family's models also answer a call without the markers: the whole answer one JSON object
+    # {name, arguments} (or a list of them), bare or in a ```json fence, naming a given tool
+    bare_json: bool = False
 
 
 # One row per call syntax; a template uses the first row whose start marker it contains.
 TOOL_FORMATS = (
     # Qwen2.5 / Qwen3 / Hermes-style: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
-    ToolFormat("qwen", "<tool_call>", "</tool_call>"),
+    # (Qwen2.5-Coder often writes the call as a ```json block instead: bare_json)
+    ToolFormat("qwen", "<tool_call>", "</tool_call>", bare_json=True),
 )
+_FENCE = re.compile(r"^```(?:json)?[ \t]*\n(.*)\n?```$", re.DOTALL)
 
 
 class ToolError(ValueError):
@@ -142,12 +147,18 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _call_from_json(body: str, form: ToolFormat) -> ToolCall | None:
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        return None
+def _call_from_json(body, form: ToolFormat, names=None) -> ToolCall | None:
+    if isinstance(body, str):
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError:
+            return None
+    else:
+        value = body
     if not isinstance(value, dict) or not isinstance(value.get(form.name_key), str):
+        return None
+    if names is not None and (value[form.name_key] not in names or set(value) - {form.name_key, form.arguments_key}
+                              or not isinstance(value.get(form.arguments_key, {}), (dict, str))):
         return None
     arguments = value.get(form.arguments_key, {})
     if isinstance(arguments, str):  # some models write the arguments as a JSON string already
@@ -157,9 +168,30 @@ def _call_from_json(body: str, form: ToolFormat) -> ToolCall | None:
     return ToolCall(new_call_id(), value[form.name_key], text)
 
 
-def parse_tool_calls(text: str, form: ToolFormat) -> tuple[str | None, list]:
+def bare_calls(text: str, form: ToolFormat, names) -> list:
+    """The calls of an answer that is only JSON naming given tools (``form.bare_json``), else []."""
+    if not form.bare_json or not names:
+        return []
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    body = fenced.group(1).strip() if fenced else body
+    if not body.startswith(("{", "[")):
+        return []
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return []
+    items = value if isinstance(value, list) else [value]
+    calls = [_call_from_json(item, form, set(names)) for item in items]
+    return calls if calls and all(calls) else []
+
+
+def parse_tool_calls(text: str, form: ToolFormat, names=None) -> tuple[str | None, list]:
     """(the content outside the calls or None, the calls) of a finished answer. A block whose JSON does not
-    parse stays in the content, as text."""
+    parse stays in the content, as text. ``names``: the tools offered (for ``form.bare_json`` answers)."""
+    bare = bare_calls(text, form, names) if form.start not in text else []
+    if bare:
+        return None, bare
     calls, content, rest = [], [], text
     while True:
         start = rest.find(form.start)
@@ -187,15 +219,23 @@ class ToolCallStream:
     """Text pieces in; (content delta, finished calls) out. Text that may begin a start marker is held back
     until it cannot; a call is reported when its end marker arrives."""
 
-    def __init__(self, form: ToolFormat):
+    def __init__(self, form: ToolFormat, names=None):
         self.form = form
+        self.names = set(names) if names else None
         self.buffer = ""
         self.inside = False
         self.calls: list = []
         self._emitted_content = False
+        # an answer that opens like JSON may be a bare call (form.bare_json): held whole until the end
+        self._maybe_bare = bool(form.bare_json and self.names)
 
     def push(self, piece: str) -> tuple[str, list]:
         self.buffer += piece
+        if self._maybe_bare:
+            head = self.buffer.lstrip()
+            if not head or any(opening.startswith(head[: len(opening)]) for opening in ("```json", "```\n", "{", "[")):
+                return "", []  # still undecided, or JSON: the whole answer decides at the end
+            self._maybe_bare = False
         content, finished = [], []
         while True:
             if self.inside:
@@ -224,11 +264,21 @@ class ToolCallStream:
             break
         return self._content("".join(content)), finished
 
-    def finish(self) -> str:
-        """The text still held (an unfinished call or a partial marker) as content."""
+    def finish(self) -> tuple[str, list]:
+        """(the text still held as content: an unfinished call, a partial marker; the calls found now). A held
+        answer that is a bare call (``form.bare_json``) is reported here."""
+        content, finished = "", []
+        if self._maybe_bare:
+            self._maybe_bare = False
+            held, self.buffer = self.buffer, ""
+            calls = bare_calls(held, self.form, self.names) if self.form.start not in held else []
+            if calls:
+                self.calls.extend(calls)
+                return "", calls
+            content, finished = self.push(held)
         rest = (self.form.start if self.inside else "") + self.buffer
         self.buffer, self.inside = "", False
-        return self._content(rest)
+        return content + self._content(rest), finished
 
     def _content(self, text: str) -> str:
         if self.calls and not text.strip():  # whitespace between or after calls is not content

@@ -493,7 +493,8 @@ class Chat(Generation):
                                  "finish_reason": finish}]}
 
         if body.stream:
-            calls = ToolCallStream(form) if form is not None else None
+            names = [tool["function"]["name"] for tool in usable]
+            calls = ToolCallStream(form, names) if form is not None else None
 
             def piece_line(item) -> str:
                 text, entries = piece_text(item), (item.logprobs if isinstance(item, Piece) else None)
@@ -501,16 +502,18 @@ class Chat(Generation):
                     return sse(chunk({"content": text}, None, entries))
                 content, finished = calls.push(text)
                 lines = [sse(chunk({"content": content}, None, entries))] if content or entries else []
-                for call in finished:
-                    lines.append(sse(chunk({"tool_calls": [call.as_openai(len(calls.calls) - len(finished) +
-                                                                          finished.index(call))]}, None)))
-                return "".join(lines)
+                return "".join(lines + call_lines(finished))
+
+            def call_lines(finished) -> list:
+                first = len(calls.calls) - len(finished)
+                return [sse(chunk({"tool_calls": [call.as_openai(first + i)]}, None)) for i, call in enumerate(finished)]
 
             def last(done: Done) -> list:
                 lines = []
-                rest = calls.finish() if calls is not None else ""
+                rest, finished = calls.finish() if calls is not None else ("", [])
                 if rest or done.logprobs:
                     lines.append(sse(chunk({"content": rest} if rest else {}, None, done.logprobs or None)))
+                lines += call_lines(finished)
                 called = calls is not None and calls.calls
                 final = chunk({}, "tool_calls" if called and done.finish != "length" else finish_reason(done))
                 final["specdec"] = specdec_fields(done)
@@ -527,7 +530,8 @@ class Chat(Generation):
 
             return StreamingResponse(events(), media_type="text/event-stream")
         text, done = await self.collect(job, first, request)
-        content, calls = parse_tool_calls(text, form) if form is not None else (text, [])
+        names = [tool["function"]["name"] for tool in usable]
+        content, calls = parse_tool_calls(text, form, names) if form is not None else (text, [])
         message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]

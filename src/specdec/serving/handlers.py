@@ -180,7 +180,7 @@ def body_constraint(body, wire_names: dict) -> Constraint | None:
     llama-server's ``grammar`` (GBNF) / ``json_schema``; at most one of them. Records the field in
     ``wire_names`` so the decoder's compile errors name it."""
     given = [name for name in ("response_format", "grammar", "json_schema")
-             if getattr(body, name, None) is not None and not (
+             if name in type(body).model_fields and getattr(body, name) is not None and not (
                  name == "response_format" and body.response_format.type == "text")]
     if len(given) > 1:
         raise APIError(400, f"{given[1]}: give one of response_format, grammar, json_schema", param=given[1])

@@ -81,6 +81,22 @@ def test_greedy_constrained_speculation_equals_constrained_target_only(json_deco
         assert base.finish_reason == "eos" and _valid(base.text), base.text
 
 
+def test_a_draft_that_cannot_score_the_allowed_tokens_still_proposes():
+    """A pruned draft vocabulary without the grammar's tokens ("{" here): proposals fall back to the allowed
+    tokens, and the output is still constrained target-only's."""
+    decoder = scripted_decoder(vocab=16, eos=15, draft_noise=0.6, seed=0)
+    decoder.codec = PieceCodec(JSON_PIECES)
+    decoder.draft.model.table[..., 0] = -np.inf  # the draft never scores "{"
+    constraint = Constraint.json_schema(SCHEMA)
+    base = decoder.generate(PROMPTS[0], max_new_tokens=60, num_draft_tokens=0, constraint=constraint)
+    for mode in (MODES[1], MODES[6], dict(num_draft_tokens=2, proposer="draft", acceptance="rejection",
+                                          sampling=SAMPLED[0], seed=1)):
+        spec = decoder.generate(PROMPTS[0], max_new_tokens=60, constraint=constraint, **mode)
+        assert spec.finish_reason == "eos" and _valid(spec.text)
+        if "sampling" not in mode:
+            assert spec.token_ids == base.token_ids
+
+
 @pytest.mark.parametrize("config", SAMPLED, ids=str)
 @pytest.mark.parametrize("mode", [MODES[1], MODES[3], MODES[6]], ids=str)
 def test_seeded_constrained_sampling_equals_constrained_target_only(json_decoder, mode, config):

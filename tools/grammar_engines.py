@@ -5,7 +5,7 @@ usage: python tools/grammar_engines.py BUNDLE   (xgrammar optional: it needs tor
 Times the engine's tokenizer setup, the schema's compilation and one token mask per position of a fixed JSON
 answer (3 passes), each engine with the same separators (", " and ": ", no free whitespace).
 """
-import json, time, sys, statistics
+import json, time, sys
 import numpy as np
 B = sys.argv[1]
 from tokenizers import Tokenizer
@@ -31,7 +31,7 @@ for reps in range(3):
         assert m.consume_token(i), m.get_error()
 out["llguidance"] = (tok_s, comp, times)
 try:
-    import xgrammar as xgr, torch
+    import xgrammar as xgr
     from transformers import PreTrainedTokenizerFast
     t = time.perf_counter()
     info = xgr.TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(tokenizer_file=B + "/tokenizer/tokenizer.json"), vocab_size=V, stop_token_ids=[151645])

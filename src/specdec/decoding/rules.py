@@ -56,6 +56,16 @@ class TokenRule:
         """[V] the exact distribution the target's token after ``path`` is drawn from (constraint included)."""
         return sampling_distribution(self.constrained(logits, path), context, self.config)
 
+    def draft_row(self, logits: np.ndarray, path) -> np.ndarray:
+        """A draft's row, masked. A draft that scores none of the allowed tokens (a pruned vocabulary without
+        them) proposes from the allowed tokens uniformly: any proposal distribution keeps verification exact."""
+        row = self.constrained(logits, path)
+        if self.guide is not None and not np.isfinite(row.max()):
+            allowed = self.guide.mask(path)
+            if allowed is not None:
+                row = np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+        return row
+
     # ------------------------------------------------------------ one position
     def choose(self, logits: np.ndarray, context: np.ndarray, position: int, path=()) -> int:
         """The target's token at ``position`` (greedy or coupled; not used by rejection sampling).
@@ -76,10 +86,13 @@ class TokenRule:
                 path=()) -> tuple[int, np.ndarray | None]:
         """The draft's token at ``position`` and, for rejection sampling, the distribution it was drawn from
         (the draft's row masked by the grammar, as the target's is: its proposals stay allowed)."""
+        logits = self.draft_row(logits, path)
         if self.mode == "rejection":
-            dist = self.target_distribution(logits, context, path)
+            dist = sampling_distribution(logits, context, self.config)
             return sample(dist, self.rng), dist
-        return self.choose(logits, context, position, path), None
+        if self.mode == "greedy":
+            return greedy_token(logits, context, self.config), None
+        return coupled_token(sampling_distribution(logits, context, self.config), self.noise.at(position)), None
 
     def sampled_rows(self, tokens: list, vocab: int) -> list:
         """What a deterministic proposer (lookup) 'sampled' from: one-hot rows, for rejection sampling only."""
@@ -150,7 +163,7 @@ class TokenRule:
     def node_distribution(self, logits: np.ndarray, context: np.ndarray, path=()) -> np.ndarray:
         """[V] the distribution a node's children are drawn from (greedy: the penalized softmax, to rank them);
         ``path``: the node's tokens after the committed output (the grammar masks the draft's row)."""
-        logits = self.constrained(logits, path)
+        logits = self.draft_row(logits, path)
         if self.mode == "greedy":
             ranking = SamplingConfig(temperature=1.0, repetition_penalty=self.config.repetition_penalty)
             return sampling_distribution(logits, context, ranking)

@@ -118,12 +118,12 @@ def stream_work(prepared: Prepared):
         stream = decoder.stream(prepared.prompt_ids, stats=stats, **prepared.options)
         finish, first_piece, newline = None, None, False
         with_logprobs = prepared.options.get("logprobs") is not None
-        ends = set(decoder.eos_ids) | set(prepared.options.get("stop_token_ids", ()))
         sent = 0
 
         def answer_logprobs() -> list:
             """The logprobs so far, without a final end-of-turn token (not part of the answer)."""
             entries, ids = stream.logprobs, stream.token_ids
+            ends = set(decoder.eos_ids) | set(prepared.options.get("stop_token_ids", ()))
             if stream.finish_reason in ("eos", "stop") and ids and ids[-1] in ends:
                 entries = entries[:-1]
             return entries
@@ -505,6 +505,8 @@ class Chat(Generation):
                 return "".join(lines + call_lines(finished))
 
             def call_lines(finished) -> list:
+                if not finished:
+                    return []
                 first = len(calls.calls) - len(finished)
                 return [sse(chunk({"tool_calls": [call.as_openai(first + i)]}, None)) for i, call in enumerate(finished)]
 

@@ -27,7 +27,8 @@ LAYERS = {
     "bench": {"contract", "sampling", "runners", "decoding"},
     "cli": {"contract", "sampling", "runners", "decoding", "export", "serving", "bench"},
 }
-OPTIONAL = ("fastapi", "ray", "tensorrt", "cuda", "torch", "transformers", "jinja2", "matplotlib", "onnxruntime_genai")
+OPTIONAL = ("fastapi", "ray", "tensorrt", "cuda", "torch", "transformers", "jinja2", "matplotlib", "onnxruntime_genai",
+            "llguidance")
 
 CHECK = r'''
 import importlib, importlib.abc, pkgutil, sys, types

@@ -24,6 +24,24 @@ def test_stream_prints_the_same_text(tiny_bundle):
     assert streamed.returncode == 0 and streamed.stdout == plain.stdout
 
 
+def test_generate_with_a_grammar_or_a_schema(tiny_bundle, tmp_path):
+    pytest.importorskip("llguidance")
+    grammar = tmp_path / "digits.gbnf"
+    grammar.write_text('root ::= "(" [0-9]+ ")"')
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], '
+                      '"additionalProperties": false}')
+    digits = specdec("generate", tiny_bundle, "n:", "--max-new-tokens", 12, "--grammar", grammar)
+    assert digits.returncode == 0, digits.stderr
+    text = digits.stdout.strip()
+    assert text.startswith("(") and text[1:].rstrip(")").isdigit()
+    obj = specdec("generate", tiny_bundle, "x:", "--max-new-tokens", 30, "--json-schema", schema, "--draft-tokens", 3)
+    assert obj.returncode == 0, obj.stderr
+    assert obj.stdout.strip() in ('{"a": true}', '{"a": false}')
+    bad = specdec("generate", tiny_bundle, "x", "--grammar", grammar, "--json-schema", schema)
+    assert bad.returncode == 2 and "give one of --json-schema and --grammar" in bad.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -211,7 +211,10 @@ def test_infill_answers_like_llama_server(served, reference):
     for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"):
         assert key in timings, key
     assert timings["predicted_n"] == answer["tokens_predicted"]
-    assert answer["specdec"]["ignored_fields"] == ["mirostat", "n_probs"]
+    assert answer["specdec"]["ignored_fields"] == ["mirostat"] and "completion_probabilities" not in answer
+    probs = _post(served, "/infill", {**INFILL, "n_probs": 2}).json()["completion_probabilities"]
+    assert len(probs) == answer["tokens_predicted"] - (answer["stop_type"] == "eos")  # the end token has none
+    assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"] - 1e-9 for p in probs)
     again = _post(served, "/infill", INFILL).json()
     assert again["content"] == expected.text
     assert again["tokens_cached"] > 0

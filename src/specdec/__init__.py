@@ -11,11 +11,13 @@ Packages, lowest layer first (each imports only packages listed before it; ``tes
 
 from specdec.contract.manifest import BundleError
 from specdec.decoding.chat import ChatTemplateError
+from specdec.decoding.constraint import Constraint, ConstraintError, TokenLogprob
 from specdec.decoding.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
 from specdec.decoding.request import GenerationError
 from specdec.runners.memory import MemoryBudgetError
 from specdec.sampling.processors import DistributionError, SamplingConfig
 
 __all__ = ["SpeculativeDecoder", "SamplingConfig", "GenerationResult", "GenerationStats", "GenerationError",
-           "DistributionError", "BundleError", "ChatTemplateError", "MemoryBudgetError"]
+           "DistributionError", "BundleError", "ChatTemplateError", "MemoryBudgetError",
+           "Constraint", "ConstraintError", "TokenLogprob"]
 __version__ = "0.2.0"

@@ -28,6 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--chat", action="store_true",
                           help="the prompt is a user message: render the bundle's chat template around it")
     generate.add_argument("--system", default=None, help="system message (with --chat)")
+    generate.add_argument("--json-schema", default=None, metavar="FILE",
+                          help="constrain the output to JSON valid against this schema file (needs llguidance)")
+    generate.add_argument("--grammar", default=None, metavar="FILE",
+                          help="constrain the output to this grammar: GBNF (llama.cpp's), or Lark if the file ends "
+                               "in .lark (needs llguidance)")
 
     chat = commands.add_parser("chat", help="interactive chat in the terminal (streams; /reset, /exit)")
     chat.add_argument("bundle")
@@ -92,12 +97,30 @@ def _conversation(system, user=None) -> list:
         [{"role": "user", "content": user}] if user is not None else [])
 
 
+def _constraint(args):
+    from pathlib import Path
+
+    from specdec.decoding.constraint import Constraint
+
+    if args.json_schema and args.grammar:
+        raise ValueError("give one of --json-schema and --grammar")
+    if args.json_schema:
+        return Constraint.json_schema(Path(args.json_schema).read_text(encoding="utf-8"))
+    if args.grammar:
+        text = Path(args.grammar).read_text(encoding="utf-8")
+        return Constraint.lark(text) if args.grammar.endswith(".lark") else Constraint.gbnf(text)
+    return None
+
+
 def cmd_generate(args) -> int:
     from specdec.decoding.chat import chat, chat_template_of, stream_chat
     from specdec.decoding.decoder import GenerationStats
 
     decoder = _load(args)
     kwargs = _options(args)
+    constraint = _constraint(args)
+    if constraint is not None:
+        kwargs["constraint"] = constraint
     if args.chat:
         chat_template_of(decoder)  # a bundle without a template: one line, before any generation
     elif args.system is not None:

@@ -11,3 +11,4 @@ MAX_TREE_NODES = 62  # one verify pass carries at most 64 tokens: the tree plus 
 MAX_PASS_TOKENS = max(PREFILL_CHUNK, MAX_TREE_NODES + 2)  # the widest pass any runner must accept
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs

@@ -147,18 +147,27 @@ def normalize_messages(messages) -> list[dict]:
     return normalized
 
 
-def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: bool = True, **variables) -> str:
-    """The prompt text for ``messages``, ending with the assistant header when ``add_generation_prompt``."""
+def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: bool = True, tools=None,
+                **variables) -> str:
+    """The prompt text for ``messages``, ending with the assistant header when ``add_generation_prompt``.
+
+    ``tools``: OpenAI-style function specs, passed to the template as transformers'
+    ``apply_chat_template(..., tools=...)`` does; an assistant message's ``tool_calls`` arguments given as
+    JSON text are passed as objects (decoding/tools.py)."""
+    from specdec.decoding.tools import tool_messages
     jinja2 = _jinja()
 
     if isinstance(template, str):
         template = ChatTemplate(template, "<string>", {})
     try:
         context = {**template.special_tokens, **json.loads(json.dumps(variables))}
+        tools = json.loads(json.dumps(tools)) if tools else None
     except (TypeError, ValueError):
-        raise ChatTemplateError("template variables must be plain JSON values (str, number, bool, list, dict)") from None
+        raise ChatTemplateError("template variables and tools must be plain JSON values (str, number, bool, list, "
+                                "dict)") from None
     try:
-        return _compiled(template.source).render(messages=normalize_messages(messages), tools=None, documents=None,
+        return _compiled(template.source).render(messages=tool_messages(normalize_messages(messages)), tools=tools,
+                                                 documents=None,
                                                  add_generation_prompt=add_generation_prompt, **context)
     except jinja2.exceptions.TemplateError as exc:
         raise ChatTemplateError(f"the chat template refused these messages: {exc}") from None
@@ -215,25 +224,47 @@ def chat_template_of(decoder) -> ChatTemplate:
 _TEMPLATES: dict = {}
 
 
-def chat_prompt(decoder, messages, add_generation_prompt: bool = True, **variables) -> ChatPrompt:
-    """Render ``messages`` with the decoder's bundle template and encode it."""
+def chat_prompt(decoder, messages, add_generation_prompt: bool = True, tools=None, **variables) -> ChatPrompt:
+    """Render ``messages`` (and ``tools``) with the decoder's bundle template and encode it."""
     template = chat_template_of(decoder)
-    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, **variables)
+    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, tools=tools, **variables)
     tokenizer = decoder.codec.tokenizer
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     return ChatPrompt(text, ids, end_of_turn_ids(template, tokenizer))
 
 
-def chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None, **options):
+def chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None, tools=None,
+         tool_choice=None, **options):
     """``decoder.generate`` on the rendered conversation, stopping at the end of the assistant's turn.
 
-    ``options`` are generate's (max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree)."""
-    prompt = chat_prompt(decoder, messages, **(template_variables or {}))
+    ``options`` are generate's (max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
+    constraint, logprobs). ``tools`` / ``tool_choice``: OpenAI's (decoding/tools.py); "required" or a named
+    function constrains the answer to calls; ``specdec.decoding.tools.parse_tool_calls`` reads them."""
+    prompt, options = _with_tools(decoder, messages, template_variables, tools, tool_choice, options)
     return decoder.generate(prompt.ids, stop_token_ids=tuple(prompt.stop_token_ids) + tuple(stop_token_ids), **options)
 
 
 def stream_chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None,
-                **options) -> Iterator[str]:
+                tools=None, tool_choice=None, **options) -> Iterator[str]:
     """``decoder.stream`` on the rendered conversation (text pieces), stopping at the end of the turn."""
-    prompt = chat_prompt(decoder, messages, **(template_variables or {}))
+    prompt, options = _with_tools(decoder, messages, template_variables, tools, tool_choice, options)
     return decoder.stream(prompt.ids, stop_token_ids=tuple(prompt.stop_token_ids) + tuple(stop_token_ids), **options)
+
+
+def _with_tools(decoder, messages, template_variables, tools, tool_choice, options) -> tuple:
+    from specdec.decoding.tools import ToolError, check_tools, chosen_tools, tool_call_constraint, tool_format_of
+
+    try:
+        tools = check_tools(tools)
+        usable, required = chosen_tools(tools, tool_choice)
+    except ToolError as exc:
+        raise ChatTemplateError(str(exc)) from None
+    prompt = chat_prompt(decoder, messages, tools=tools or None, **(template_variables or {}))
+    if required:
+        form = tool_format_of(chat_template_of(decoder).source)
+        if form is None:
+            raise ChatTemplateError("tool_choice: this bundle's chat template has no tool-call syntax specdec knows")
+        if options.get("constraint") is not None:
+            raise ChatTemplateError("tool_choice: a required tool call and a constraint cannot both apply")
+        options = {**options, "constraint": tool_call_constraint(usable, form, codec=decoder.codec)}
+    return prompt, options

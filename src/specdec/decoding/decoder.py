@@ -60,7 +60,7 @@ class SpeculativeDecoder:
         self.codec = codec
         self.eos_ids = frozenset(manifest.target.eos_token_ids)
         self.max_context = target.max_context
-        self.limits = Limits(manifest.target.vocab_size, self.max_context, draft is not None)
+        self.limits = Limits(manifest.target.vocab_size, self.max_context, draft is not None, self.eos_ids)
         self._busy = threading.Lock()
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
@@ -140,7 +140,8 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, *, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=None,
-                 stop=(), proposer=None, tree=None, stop_token_ids=(), acceptance: str = "coupled") -> GenerationResult:
+                 stop=(), proposer=None, tree=None, stop_token_ids=(), acceptance: str = "coupled", constraint=None,
+                 logprobs: int | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
 
         num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
@@ -154,17 +155,23 @@ class SpeculativeDecoder:
         None (default): fresh randomness per request, as OpenAI's API and vLLM.
         acceptance: "coupled" (default: seeded, schedule-independent) or "rejection" (modified rejection sampling).
         stop: stop strings (the text ends before the first one); stop_token_ids: ids that end like EOS.
+        constraint: a ``Constraint`` (decoding/constraint.py: a JSON schema, any JSON object, a Lark or GBNF
+        grammar, a regex) the output must match; exact under speculation (the target's masked distribution).
+        logprobs: None (off) or k: ``result.logprobs`` holds each token's log-probability under the target's
+        processed distribution and its k most likely alternatives (the same whichever proposer found it).
         """
         stats = GenerationStats()
         pieces = self.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling,
                              num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, proposer=proposer, tree=tree,
-                             stats=stats, stop_token_ids=stop_token_ids, acceptance=acceptance)
+                             stats=stats, stop_token_ids=stop_token_ids, acceptance=acceptance, constraint=constraint,
+                             logprobs=logprobs)
         text = "".join(pieces)
-        return GenerationResult(text=text, token_ids=pieces.token_ids, stats=stats, finish_reason=pieces.finish_reason)
+        return GenerationResult(text=text, token_ids=pieces.token_ids, stats=stats, finish_reason=pieces.finish_reason,
+                                logprobs=pieces.logprobs)
 
     def stream(self, prompt, *, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=None,
                stop=(), proposer=None, tree=None, stats: GenerationStats | None = None, stop_token_ids=(),
-               acceptance: str = "coupled") -> "TextStream":
+               acceptance: str = "coupled", constraint=None, logprobs: int | None = None) -> "TextStream":
         """Text pieces as rounds complete; the same tokens and text as ``generate`` with the same arguments.
 
         Arguments are validated now (a bad one raises here, not at the first ``next``). After the
@@ -173,7 +180,8 @@ class SpeculativeDecoder:
         ``.close()`` stops the request between rounds (a client that went away)."""
         request = make_request(self.codec, self.limits, prompt, max_new_tokens=max_new_tokens, sampling=sampling,
                                num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, proposer=proposer, tree=tree,
-                               stop_token_ids=stop_token_ids, acceptance=acceptance)
+                               stop_token_ids=stop_token_ids, acceptance=acceptance, constraint=constraint,
+                               logprobs=logprobs)
         if stats is not None and not isinstance(stats, GenerationStats):
             raise GenerationError(f"stats must be a GenerationStats, got {type(stats).__name__}")
         state = RequestState(request, self.codec, self.eos_ids, self.limits.vocab_size,
@@ -263,7 +271,8 @@ class SpeculativeDecoder:
             request, stats = state.request, state.stats
             uses_draft = plan_uses_draft(request, self.draft is not None)
             costs = self._measured_costs() if plan_needs_costs(request, self.draft is not None) else None
-            rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng)
+            rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng, state.guide, state.logprobs,
+                             request.logprobs or 0)
             plan = None
 
             def on_pass(role: str, tokens: int, seconds: float) -> None:
@@ -391,6 +400,11 @@ class TextStream:
     @property
     def token_ids(self) -> list:
         return self._state.output
+
+    @property
+    def logprobs(self) -> list | None:
+        """With ``logprobs``: one TokenLogprob per token in ``token_ids`` so far (else None)."""
+        return self._state.output_logprobs
 
     @property
     def finish_reason(self) -> str | None:

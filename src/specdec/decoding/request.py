@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdec.contract.limits import AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_SEED, MAX_TREE_NODES  # noqa: F401
+from specdec.contract.limits import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS,  # noqa: F401
+                                     MAX_TREE_NODES)
 from specdec.sampling.coupling import PositionNoise
 from specdec.sampling.processors import SamplingConfig
 from specdec.decoding.text import StopStrings, TextCodec
@@ -45,6 +46,8 @@ class GenerationStats:
     lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
     suffix_rounds: int = 0  # rounds whose proposal came from suffix matching (the request's text or earlier outputs)
     tree_nodes: int = 0  # draft tree nodes verified (tree mode)
+    grammar_masks: int = 0  # token masks the constraint engine computed (with a constraint)
+    grammar_seconds: float = 0.0  # time computing them (part of host_seconds)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -95,6 +98,7 @@ class GenerationResult:
     token_ids: list  # new tokens only; includes EOS (or the stop token / the token completing a stop string)
     stats: GenerationStats
     finish_reason: str  # "eos" | "length" | "stop"
+    logprobs: list | None = None  # with generate(logprobs=k): one TokenLogprob per token id (decoding/constraint.py)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ class Request:
     tree: tuple | str | None = None  # branching factors per depth, "auto", or None (a chain)
     stop_token_ids: frozenset = frozenset()  # e.g. a chat template's end-of-turn token: ends like EOS
     acceptance: str = "coupled"  # how sampled proposals are verified (see runtime/coupling.py)
+    constraint: object = None  # a CompiledConstraint (decoding/constraint.py): the output matches its grammar
+    logprobs: int | None = None  # None: off; k: each token's logprob and its k most likely alternatives
 
     @property
     def auto(self) -> bool:
@@ -121,6 +127,7 @@ class Limits:
     vocab_size: int
     max_context: int
     has_draft: bool
+    eos_ids: frozenset = frozenset()  # the target's EOS ids (a grammar allows them where it may end)
 
 
 def _is_int(value) -> bool:
@@ -176,7 +183,7 @@ def _stops(stop) -> tuple:
 
 def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128, sampling=None,
                  num_draft_tokens="auto", seed=None, stop=(), proposer=None, tree=None, stop_token_ids=(),
-                 acceptance="coupled") -> Request:
+                 acceptance="coupled", constraint=None, logprobs=None) -> Request:
     """Validate the public arguments (each error names its argument) into a ``Request``."""
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise GenerationError(f"max_new_tokens must be an integer >= 0 (0: prefill only), got {max_new_tokens!r}")
@@ -217,6 +224,18 @@ def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128
         raise GenerationError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
     if not all(_is_int(t) and 0 <= t < limits.vocab_size for t in stop_token_ids):
         raise GenerationError(f"stop_token_ids must be integers in 0..{limits.vocab_size - 1}")
+    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise GenerationError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per "
+                              f"token), got {logprobs!r}")
+    compiled = None
+    if constraint is not None:
+        from specdec.decoding.constraint import ConstraintError, compile_constraint
+
+        try:
+            compiled = compile_constraint(constraint, codec, limits.vocab_size, limits.eos_ids)
+        except ConstraintError as exc:
+            message = str(exc)
+            raise GenerationError(message if message.startswith("constraint") else f"constraint: {message}") from None
     prompt_ids = _prompt_ids(prompt, codec, limits.vocab_size)
     needed = len(prompt_ids) + max_new_tokens + longest + 1
     if needed > limits.max_context:
@@ -226,7 +245,8 @@ def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128
             "shorten the prompt, lower max_new_tokens, or load with a larger max_context"
         )
     return Request(prompt_ids, int(max_new_tokens), sampling, num_draft_tokens, None if seed is None else int(seed),
-                   stops, proposer, tree, frozenset(int(t) for t in stop_token_ids), acceptance)
+                   stops, proposer, tree, frozenset(int(t) for t in stop_token_ids), acceptance, compiled,
+                   None if logprobs is None else int(logprobs))
 
 
 @dataclass
@@ -251,6 +271,13 @@ class RequestState:
         self.noise = PositionNoise(seed, self.vocab_size)  # coupled sampling: noise per absolute position
         self.rng = np.random.default_rng(seed)  # acceptance="rejection": draws in the order the rounds make them
         self.text = StopStrings(self.codec, request.stop)
+        self.guide = None  # the grammar's state (decoding/constraint.py), with a constraint
+        if request.constraint is not None:
+            from specdec.decoding.constraint import GrammarGuide
+
+            self.guide = GrammarGuide(request.constraint, lambda: self.output, self.eos_ids,
+                                      request.stop_token_ids, self.stats)
+        self.logprobs = {} if request.logprobs is not None else None  # absolute position -> TokenLogprob
         if request.max_new_tokens == 0:  # a warm-up: prefill into the cache, generate nothing
             self.finish = "length"
 
@@ -266,6 +293,14 @@ class RequestState:
     @property
     def output(self) -> list:
         return self.tokens[len(self.request.prompt_ids):]
+
+    @property
+    def output_logprobs(self) -> list | None:
+        """One TokenLogprob per output token (with ``logprobs``), else None."""
+        if self.logprobs is None:
+            return None
+        start = len(self.request.prompt_ids)
+        return [self.logprobs[p] for p in range(start, len(self.tokens))]
 
     def context(self, candidates=()) -> np.ndarray:
         """[N] unique ids a position sees for the repetition penalty: the sequence plus earlier candidates."""

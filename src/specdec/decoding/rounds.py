@@ -53,7 +53,7 @@ def draft_chain(draft, state: RequestState, rule: TokenRule, gamma: int) -> tupl
     for step in range(gamma):
         logits = draft.forward(feed, range(draft.length, draft.length + len(feed)))
         draft.commit(len(feed))
-        token, dist = rule.propose(logits[-1], state.context(proposals), len(tokens) + step)
+        token, dist = rule.propose(logits[-1], state.context(proposals), len(tokens) + step, proposals)
         if dist is not None:
             dists.append(dist)
         proposals.append(token)
@@ -93,7 +93,7 @@ def grow_tree(draft, state: RequestState, rule: TokenRule, shape, budget: int) -
     draft.commit(len(feed))
     base = draft.length  # == len(tokens): tree node i is written at slot base + i
     tree = DraftTree(tokens=[], parents=[], depths=[], fed=0, draw_dists={})
-    tree.draw_dists[0] = rule.node_distribution(logits[-1], state.context())
+    tree.draw_dists[0] = rule.node_distribution(logits[-1], state.context(), [])
     dynamic = shape == "auto"
     widths = [AUTO_TREE_WIDTH] * AUTO_TREE_DEPTH if dynamic else list(shape)
     frontier = [(ROOT, [], 1.0)]  # (node, path tokens, cumulative draft probability)
@@ -133,7 +133,7 @@ def grow_tree(draft, state: RequestState, rule: TokenRule, shape, budget: int) -
         tree.fed = len(tree.tokens)
         frontier = []
         for row, (node, (parent, path, score)) in enumerate(zip(level, candidates)):
-            tree.draw_dists[node + 1] = rule.node_distribution(logits[row], state.context(path))
+            tree.draw_dists[node + 1] = rule.node_distribution(logits[row], state.context(path), path)
             frontier.append((node, path, score))
     return tree
 

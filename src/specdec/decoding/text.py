@@ -25,6 +25,35 @@ class TextCodec:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def piece_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE token may hold part of a character; an added
+        token, its text), as OpenAI's logprobs ``bytes`` carry them."""
+        table = getattr(self, "_byte_table", None)
+        if table is None:
+            table = self._byte_table = {ch: index for index, ch in enumerate(_byte_level_alphabet())}
+            self._added = {token.content for token in self.tokenizer.get_added_tokens_decoder().values()}
+        token = self.tokenizer.id_to_token(int(token_id))
+        if token is None:
+            return b""
+        if token in self._added:
+            return token.encode("utf-8")
+        if not all(ch in table for ch in token):  # not a byte-level vocabulary: the token's text
+            return self.tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+        return bytes(table[ch] for ch in token)
+
+
+def _byte_level_alphabet() -> list:
+    """GPT-2's byte-level alphabet: character i stands for byte i (the tokenizers ByteLevel mapping)."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    chars, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
 
 class IncrementalDecoder:
     """Text deltas for a growing list of ids, never splitting a multi-byte character.

@@ -25,14 +25,17 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from specdec.decoding.chat import ChatTemplateError, chat_prompt
+from specdec.decoding.chat import ChatTemplateError, chat_prompt, chat_template_of
+from specdec.decoding.constraint import Constraint, ConstraintError
 from specdec.decoding.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.request import GenerationStats
 from specdec.sampling.processors import SamplingConfig
 from specdec.serving.metrics import Metrics
 from specdec.serving.pool import END, DecoderPool, JobCancelled, PoolBusy, PoolClosed
+from specdec.decoding.tools import (TOOL_FORMATS, ToolCallStream, ToolError, chosen_tools, parse_tool_calls,
+                                    tool_call_constraint, tool_format_of)
 from specdec.serving.protocol import (APIError, ChatCompletionRequest, ChatMessage, ClientGone, CompletionRequest,
-                                      InfillRequest, decoder_error)
+                                      InfillRequest, NamedToolChoice, decoder_error)
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +61,24 @@ class Prepared:
 
 
 @dataclass
+class Piece:
+    """A text piece with the logprobs of the tokens committed since the previous piece (with logprobs)."""
+    text: str
+    logprobs: list
+
+
+@dataclass
 class Done:
     """The last item of a job: the request's statistics and the decoder's finish reason."""
     stats: GenerationStats
     queue_seconds: float
     finish: str = "length"  # the decoder's reason: "eos" | "stop" | "length"; or "time" (the time limit)
     last_token: int | None = None
+    logprobs: list | None = None  # with logprobs: the entries no Piece carried (the end token's excluded)
+
+
+def piece_text(item) -> str:
+    return item.text if isinstance(item, Piece) else item
 
 
 def finish_reason(done: Done) -> str:
@@ -102,9 +117,25 @@ def stream_work(prepared: Prepared):
         stats = GenerationStats()
         stream = decoder.stream(prepared.prompt_ids, stats=stats, **prepared.options)
         finish, first_piece, newline = None, None, False
+        with_logprobs = prepared.options.get("logprobs") is not None
+        sent = 0
+
+        def answer_logprobs() -> list:
+            """The logprobs so far, without a final end-of-turn token (not part of the answer)."""
+            entries, ids = stream.logprobs, stream.token_ids
+            ends = set(decoder.eos_ids) | set(prepared.options.get("stop_token_ids", ()))
+            if stream.finish_reason in ("eos", "stop") and ids and ids[-1] in ends:
+                entries = entries[:-1]
+            return entries
+
         try:
             for piece in stream:
-                yield piece  # closing this job closes the stream (finally): the request stops between rounds
+                if with_logprobs:
+                    entries = answer_logprobs()
+                    yield Piece(piece, entries[sent:])
+                    sent = len(entries)
+                else:
+                    yield piece  # closing this job closes the stream (finally): the request stops between rounds
                 if prepared.time_limit:  # llama.cpp's t_max_predict_ms: past the limit, end at a newline
                     first_piece = first_piece or time.monotonic()
                     newline = newline or "\n" in piece
@@ -114,7 +145,8 @@ def stream_work(prepared: Prepared):
         finally:
             stream.close()
         ids = stream.token_ids
-        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None)
+        rest = answer_logprobs()[sent:] if with_logprobs else None
+        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest)
 
     return run
 
@@ -143,6 +175,68 @@ def openai_options(body, max_new: int, stop_token_ids, wire_names: dict) -> dict
                 tree=tree, stop_token_ids=tuple(stop_token_ids))
 
 
+def body_constraint(body, wire_names: dict) -> Constraint | None:
+    """The output constraint an OpenAI body asks for: ``response_format`` (json_object / json_schema), or
+    llama-server's ``grammar`` (GBNF) / ``json_schema``; at most one of them. Records the field in
+    ``wire_names`` so the decoder's compile errors name it."""
+    given = [name for name in ("response_format", "grammar", "json_schema")
+             if name in type(body).model_fields and getattr(body, name) is not None and not (
+                 name == "response_format" and body.response_format.type == "text")]
+    if len(given) > 1:
+        raise APIError(400, f"{given[1]}: give one of response_format, grammar, json_schema", param=given[1])
+    if not given:
+        return None
+    name = given[0]
+    wire_names["constraint"] = name
+    try:
+        if name == "grammar":
+            return Constraint.gbnf(body.grammar)
+        if name == "json_schema":
+            return Constraint.json_schema(body.json_schema)
+        form = body.response_format
+        if form.type == "json_object":
+            return Constraint.json_schema(form.schema_) if form.schema_ is not None else Constraint.json_object()
+        if form.json_schema is None:
+            raise APIError(400, "response_format.json_schema: required with type json_schema",
+                           param="response_format")
+        schema = form.json_schema.schema_
+        return Constraint.json_schema(schema if schema is not None else {})
+    except ConstraintError as exc:
+        raise APIError(400, f"{name}: {exc}", param=name) from None
+
+
+def logprob_entry(codec, entry, top: bool = True) -> dict:
+    """One token's OpenAI chat logprobs item (token text, logprob, UTF-8 bytes, alternatives)."""
+
+    def item(token_id, logprob):
+        data = codec.piece_bytes(token_id) if hasattr(codec, "piece_bytes") else codec.decode([token_id]).encode()
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
+
+    out = item(entry.token, entry.logprob)
+    if top:
+        out["top_logprobs"] = [item(t, lp) for t, lp in entry.top]
+    return out
+
+
+def chat_logprobs(codec, entries) -> dict | None:
+    return None if entries is None else {"content": [logprob_entry(codec, e) for e in entries], "refusal": None}
+
+
+def completion_logprobs(codec, entries, offset: int = 0) -> dict | None:
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs (token -> logprob), text_offset."""
+    if entries is None:
+        return None
+    tokens, offsets, tops = [], [], []
+    for entry in entries:
+        item = logprob_entry(codec, entry)
+        tokens.append(item["token"])
+        offsets.append(offset)
+        offset += len(item["token"])
+        tops.append({alt["token"]: alt["logprob"] for alt in item["top_logprobs"]})
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}
+
+
 class Generation:
     """What the generating routes share: validation through the decoder, the pool, the response forms."""
 
@@ -164,14 +258,21 @@ class Generation:
         return Prepared(list(prompt_ids), options)
 
     def prepare(self, body, prompt_ids: list, stop_token_ids=(), default_max=None, prompt_field="prompt",
-                wire_names=OPENAI_NAMES) -> Prepared:
+                wire_names=OPENAI_NAMES, constraint=None, logprobs=None) -> Prepared:
         """An OpenAI body (completions or chat) as decoder options, validated by the decoder."""
         self.check_model(body.model)
         max_new = body.max_tokens
         if max_new is None:
             max_new = default_max if default_max is not None else max(
                 1, self.decoder.max_context - len(prompt_ids) - 1 - DRAFT_ROOM)
+        wire_names = dict(wire_names)
+        if constraint is None:
+            constraint = body_constraint(body, wire_names)
         options = openai_options(body, max_new, stop_token_ids, wire_names)
+        if constraint is not None:
+            options["constraint"] = constraint
+        if logprobs is not None:
+            options["logprobs"] = logprobs
         return self.validate(prompt_ids, options, wire_names, prompt_field, body.max_tokens is not None)
 
     # ------------------------------------------------------------------ the pool
@@ -238,33 +339,23 @@ class Generation:
 
     async def collect(self, job, first, request):
         """Every text piece of the job, joined, and its ``Done``."""
-        pieces, item, checked, done = [], first, [time.monotonic()], None
+        pieces, item, checked, done, logprobs = [], first, [time.monotonic()], None, []
         while item is not END:
             if isinstance(item, Done):
                 done = item
             else:
-                pieces.append(item)
+                pieces.append(piece_text(item))
+                if isinstance(item, Piece):
+                    logprobs.extend(item.logprobs)
             item = await self.next_item(job, request, checked)
+        if done is not None and done.logprobs is not None:
+            done.logprobs = logprobs + done.logprobs  # the whole answer's, for a one-shot response
         return "".join(pieces), self.finished(done, job)
 
     def finished(self, done: Done, job) -> Done:
         done.queue_seconds = (job.started or job.submitted) - job.submitted
         self.metrics.add(done.stats)
         return done
-
-    def openai_events(self, job, first, chunk, include_usage: bool):
-        """OpenAI's SSE lines: one chunk per text piece, a last chunk with finish_reason, usage if asked, [DONE]."""
-
-        def last(done: Done) -> list:
-            final = chunk(None, finish_reason(done))
-            final["specdec"] = specdec_fields(done)
-            lines = [sse(final)]
-            if include_usage:
-                lines.append(sse({**chunk(None, None), "choices": [], "usage": usage(done.stats),
-                                  "specdec": specdec_fields(done)}))
-            return lines + ["data: [DONE]\n\n"]
-
-        return self.events(job, first, lambda piece: sse(chunk(piece, None)), last)
 
     async def events(self, job, first, piece_line, last_lines):
         """SSE lines: ``piece_line(text)`` per text piece, then ``last_lines(done)``; errors in-band."""
@@ -275,7 +366,9 @@ class Generation:
                     for line in last_lines(self.finished(item, job)):
                         yield line
                 else:
-                    yield piece_line(item)
+                    line = piece_line(item)
+                    if line:
+                        yield line
                 item = await job.get()
         except JobCancelled:
             yield sse({"error": {"message": "the server is shutting down: generation cancelled",
@@ -301,20 +394,39 @@ class Completions(Generation):
             prepared, wire_names = self.prepare_insert(body, prompt), OPENAI_INFILL_NAMES
         else:
             prompt_ids = self.decoder.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            prepared = self.prepare(body, prompt_ids, default_max=COMPLETION_DEFAULT_MAX_TOKENS)
+            prepared = self.prepare(body, prompt_ids, default_max=COMPLETION_DEFAULT_MAX_TOKENS,
+                                    logprobs=body.logprobs)
             wire_names = OPENAI_NAMES
         job, first = await self.start(prepared, request, wire_names)
         ident, created, model = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.options.model_name
+        codec, offset = self.decoder.codec, [0]
 
-        def chunk(text, finish):
+        def chunk(text, finish, entries=None):
+            logprobs = completion_logprobs(codec, entries, offset[0]) if entries is not None else None
+            offset[0] += len(text or "")
             return {"id": ident, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
 
         if body.stream:
-            return StreamingResponse(self.openai_events(job, first, chunk, _include_usage(body)),
-                                     media_type="text/event-stream")
+            def piece_line(item):
+                return sse(chunk(piece_text(item), None, item.logprobs if isinstance(item, Piece) else None))
+
+            def last(done: Done) -> list:
+                lines = []
+                if done.logprobs:  # tokens no piece carried (text held back, e.g. an incomplete character)
+                    lines.append(sse(chunk("", None, done.logprobs)))
+                final = chunk(None, finish_reason(done))
+                final["specdec"] = specdec_fields(done)
+                lines.append(sse(final))
+                if _include_usage(body):
+                    lines.append(sse({**chunk(None, None), "choices": [], "usage": usage(done.stats),
+                                      "specdec": specdec_fields(done)}))
+                return lines + ["data: [DONE]\n\n"]
+
+            return StreamingResponse(self.events(job, first, piece_line, last), media_type="text/event-stream")
         text, done = await self.collect(job, first, request)
-        return {**chunk(text, finish_reason(done)), "usage": usage(done.stats), "specdec": specdec_fields(done)}
+        return {**chunk(text, finish_reason(done), done.logprobs), "usage": usage(done.stats),
+                "specdec": specdec_fields(done)}
 
     def prepare_insert(self, body: CompletionRequest, prompt) -> Prepared:
         """``prompt`` + ``suffix``: the text between them, through the bundle's fill-in-the-middle tokens."""
@@ -323,12 +435,19 @@ class Completions(Generation):
             raise APIError(400, "suffix: fill-in-the-middle needs a text prompt, not token ids", param="suffix")
         max_new = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
         ids, max_new = self.infill_ids(prompt, body.suffix, (), "", max_new, OPENAI_INFILL_NAMES)
-        options = openai_options(body, max_new, self.fim_stop_ids(), OPENAI_INFILL_NAMES)
-        return self.validate(ids, options, OPENAI_INFILL_NAMES, "prompt", True)
+        wire_names = dict(OPENAI_INFILL_NAMES)
+        constraint = body_constraint(body, wire_names)
+        options = openai_options(body, max_new, self.fim_stop_ids(), wire_names)
+        if constraint is not None:
+            options["constraint"] = constraint
+        if body.logprobs is not None:
+            options["logprobs"] = body.logprobs
+        return self.validate(ids, options, wire_names, "prompt", True)
 
 
 class Chat(Generation):
-    """``POST /v1/chat/completions``: the bundle's chat template around the messages."""
+    """``POST /v1/chat/completions``: the bundle's chat template around the messages; ``tools`` rendered by the
+    template, the model's calls parsed (decoding/tools.py) into ``tool_calls``."""
 
     async def create(self, body: ChatCompletionRequest, request: Request):
         self.check_model(body.model)
@@ -338,31 +457,90 @@ class Chat(Generation):
                 raise APIError(400, "max_tokens and max_completion_tokens differ: give one", param="max_tokens")
             body = body.model_copy(update={"max_tokens": body.max_completion_tokens})
             wire_names = {"max_new_tokens": "max_completion_tokens"}
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
         try:
-            prompt = chat_prompt(self.decoder, [plain_message(m) for m in body.messages])
+            usable, required = chosen_tools(tools, choice)
+        except ToolError as exc:
+            raise APIError(400, str(exc), param="tool_choice") from None
+        try:
+            prompt = chat_prompt(self.decoder, [plain_message(m) for m in body.messages], tools=tools or None)
+            form = tool_format_of(chat_template_of(self.decoder).source) if usable else None
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
+        constraint, wire_names = None, dict(wire_names)
+        if required:
+            if form is None:
+                raise APIError(400, "tool_choice: this model's chat template has no tool-call syntax specdec knows "
+                               f"(known: {', '.join(row.family for row in TOOL_FORMATS)})", param="tool_choice")
+            if body_constraint(body, {}) is not None:
+                raise APIError(400, "tool_choice: a required tool call and response_format / grammar / json_schema "
+                               "cannot both apply", param="tool_choice")
+            constraint = tool_call_constraint(usable, form, body.parallel_tool_calls, self.decoder.codec)
+            wire_names["constraint"] = "tools"
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
         prepared = self.prepare(body, prompt.ids, prompt.stop_token_ids, prompt_field="messages",
-                                wire_names=wire_names)
+                                wire_names=wire_names, constraint=constraint, logprobs=logprobs)
         job, first = await self.start(prepared, request, wire_names)
         ident, created, model = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()), self.options.model_name
+        codec = self.decoder.codec
 
-        def chunk(text, finish, role=False):
-            delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
+        def chunk(delta, finish, entries=None):
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(codec, entries),
+                                 "finish_reason": finish}]}
 
         if body.stream:
+            names = [tool["function"]["name"] for tool in usable]
+            calls = ToolCallStream(form, names) if form is not None else None
+
+            def piece_line(item) -> str:
+                text, entries = piece_text(item), (item.logprobs if isinstance(item, Piece) else None)
+                if calls is None:
+                    return sse(chunk({"content": text}, None, entries))
+                content, finished = calls.push(text)
+                lines = [sse(chunk({"content": content}, None, entries))] if content or entries else []
+                return "".join(lines + call_lines(finished))
+
+            def call_lines(finished) -> list:
+                if not finished:
+                    return []
+                first = len(calls.calls) - len(finished)
+                return [sse(chunk({"tool_calls": [call.as_openai(first + i)]}, None)) for i, call in enumerate(finished)]
+
+            def last(done: Done) -> list:
+                lines = []
+                rest, finished = calls.finish() if calls is not None else ("", [])
+                if rest or done.logprobs:
+                    lines.append(sse(chunk({"content": rest} if rest else {}, None, done.logprobs or None)))
+                lines += call_lines(finished)
+                called = calls is not None and calls.calls
+                final = chunk({}, "tool_calls" if called and done.finish != "length" else finish_reason(done))
+                final["specdec"] = specdec_fields(done)
+                lines.append(sse(final))
+                if _include_usage(body):
+                    lines.append(sse({**chunk({}, None), "choices": [], "usage": usage(done.stats),
+                                      "specdec": specdec_fields(done)}))
+                return lines + ["data: [DONE]\n\n"]
+
             async def events():
-                yield sse(chunk("", None, role=True))
-                async for line in self.openai_events(job, first, chunk, _include_usage(body)):
+                yield sse(chunk({"role": "assistant", "content": ""}, None))
+                async for line in self.events(job, first, piece_line, last):
                     yield line
 
             return StreamingResponse(events(), media_type="text/event-stream")
         text, done = await self.collect(job, first, request)
+        names = [tool["function"]["name"] for tool in usable]
+        content, calls = parse_tool_calls(text, form, names) if form is not None else (text, [])
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
+        finish = "tool_calls" if calls and done.finish != "length" else finish_reason(done)
         return {"id": ident, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                             "finish_reason": finish_reason(done)}],
+                "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
+                             "finish_reason": finish}],
                 "usage": usage(done.stats), "specdec": specdec_fields(done)}
 
 
@@ -375,14 +553,23 @@ class Infill(Generation):
         job, first = await self.start(prepared, request, LLAMA_NAMES)
         stop_ids = set(prepared.options["stop_token_ids"])
 
+        codec = self.decoder.codec
+
         def answer(text: str, done: Done) -> dict:
-            return llama_answer(text, done, stop_ids, self.options.model_name, ignored)
+            out = llama_answer(text, done, stop_ids, self.options.model_name, ignored)
+            if done.logprobs is not None:
+                out["completion_probabilities"] = llama_probs(codec, done.logprobs)
+            return out
+
+        def piece_line(item) -> str:
+            line = {"index": 0, "content": piece_text(item), "stop": False}
+            if isinstance(item, Piece):
+                line["completion_probabilities"] = llama_probs(codec, item.logprobs)
+            return sse(line)
 
         if body.stream:
-            return StreamingResponse(
-                self.events(job, first, lambda piece: sse({"index": 0, "content": piece, "stop": False}),
-                            lambda done: [sse(answer("", done))]),
-                media_type="text/event-stream")
+            return StreamingResponse(self.events(job, first, piece_line, lambda done: [sse(answer("", done))]),
+                                     media_type="text/event-stream")
         text, done = await self.collect(job, first, request)
         return answer(text, done)
 
@@ -401,7 +588,13 @@ class Infill(Generation):
                        seed=None if body.seed == -1 else body.seed,
                        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop),
                        proposer=body.proposer, stop_token_ids=self.fim_stop_ids())
-        prepared = self.validate(ids, options, LLAMA_NAMES, "input_prefix", body.n_predict >= 0)
+        wire_names = dict(LLAMA_NAMES)
+        constraint = body_constraint(body, wire_names)
+        if constraint is not None:
+            options["constraint"] = constraint
+        if body.n_probs:
+            options["logprobs"] = body.n_probs
+        prepared = self.validate(ids, options, wire_names, "input_prefix", body.n_predict >= 0)
         prepared.time_limit = body.t_max_predict_ms / 1000.0
         return prepared, ignored
 
@@ -425,6 +618,16 @@ def llama_answer(text: str, done: Done, stop_ids: set, model: str, ignored: list
     return {"index": 0, "content": text, "stop": True, "model": model, "tokens_predicted": stats.new_tokens,
             "tokens_evaluated": stats.prompt_tokens, "tokens_cached": cached, "stop_type": stop_type,
             "timings": timings, "specdec": {**specdec_fields(done), "ignored_fields": ignored}}
+
+
+def llama_probs(codec, entries) -> list:
+    """llama-server's ``completion_probabilities`` (its n_probs answer): id, token, logprob, bytes, top_logprobs."""
+    out = []
+    for entry in entries:
+        item = logprob_entry(codec, entry)
+        out.append({"id": entry.token, "token": item["token"], "logprob": item["logprob"], "bytes": item["bytes"],
+                    "top_logprobs": [{"id": t, **alt} for (t, _), alt in zip(entry.top, item["top_logprobs"])]})
+    return out
 
 
 def plain_message(message: ChatMessage) -> dict:

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_STOP_STRINGS
+from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from specdec.decoding.request import make_request
 from specdec.sampling.processors import SamplingConfig
 
@@ -41,6 +41,20 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's ``response_format``: "text", "json_object" (any JSON object) or "json_schema" (strict)."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict | None = Field(default=None, alias="schema")  # vLLM / llama-server's shorthand for json_object
+
+
 class _GenerationFields(_Strict):
     model: str
     max_tokens: int | None = None  # its range is the decoder's (make_request): one place
@@ -61,6 +75,10 @@ class _GenerationFields(_Strict):
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
     proposer: Literal["draft", "lookup", "suffix", "hybrid"] | None = None
     tree: str | list[Annotated[int, Field(ge=1)]] | None = None
+    # constrained output: OpenAI's response_format; llama-server's grammar (GBNF) and json_schema
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None
+    json_schema: dict | None = None
 
     @field_validator("n")
     @classmethod
@@ -86,7 +104,7 @@ class CompletionRequest(_GenerationFields):
     prompt: str | list[str] | list[int]
     suffix: str | None = None  # OpenAI's legacy insert / Ollama's: the text after the completion (fill-in-the-middle)
     echo: Literal[False] = False
-    logprobs: Literal[None] = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # legacy: alternatives per token
 
     @field_validator("prompt")
     @classmethod
@@ -103,16 +121,54 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallMessage(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+
+
+class FunctionSpec(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_GenerationFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
-    logprobs: Literal[False, None] = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 # ----------------------------------------------------------------------------- llama-server's /infill
@@ -146,6 +202,9 @@ class InfillRequest(BaseModel):
     # specdec extensions
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
     proposer: Literal["draft", "lookup", "suffix", "hybrid"] | None = None
+    grammar: str | None = None  # GBNF
+    json_schema: dict | None = None
+    n_probs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0  # alternatives per token in completion_probabilities
 
     @field_validator("stop")
     @classmethod

@@ -108,7 +108,8 @@ def test_streamed_tool_call_equals_the_one_shot_call(client):
 
 
 @pytest.mark.parametrize("proposal", [dict(num_draft_tokens=0), dict(num_draft_tokens=3, proposer="draft"),
-                                      dict(proposer="lookup"), dict(tree="2,2,1")], ids=str)
+                                      dict(proposer="lookup"), dict(proposer="suffix"), dict(tree="2,2,1")],
+                         ids=str)
 def test_json_schema_response_is_valid_and_the_same_under_speculation(client, proposal):
     response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     answer = client.chat.completions.create(model=MODEL, messages=ASK, response_format=response_format,

@@ -18,6 +18,7 @@ pytest.importorskip("llguidance")
 from specdec import Constraint, GenerationError, SamplingConfig  # noqa: E402
 from specdec.decoding.constraint import ConstraintError, GrammarGuide  # noqa: E402
 
+from specdec.decoding.suffix import SuffixCache  # noqa: E402
 from scripted import scripted_decoder  # noqa: E402
 
 
@@ -51,6 +52,8 @@ MODES = [
     dict(num_draft_tokens="auto", proposer="lookup"),
     dict(num_draft_tokens=4, proposer="lookup"),
     dict(num_draft_tokens="auto", proposer="hybrid"),
+    dict(num_draft_tokens="auto", proposer="suffix"),
+    dict(num_draft_tokens=4, proposer="suffix"),
     dict(tree="2,2,1"),
     dict(tree="auto"),
 ]
@@ -62,6 +65,7 @@ SAMPLED = [SamplingConfig(temperature=0.8), SamplingConfig(temperature=1.0, top_
 def json_decoder():
     decoder = scripted_decoder(vocab=16, eos=15, draft_noise=0.6, seed=0)
     decoder.codec = PieceCodec(JSON_PIECES)
+    decoder.suffix_cache = SuffixCache(1 << 20)  # earlier answers feed suffix trees (branching ones too)
     return decoder
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 from openai import OpenAI
+
+from specdec.bench.llama_server import free_port  # a free 127.0.0.1 port (the session bench uses it too)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -100,12 +101,6 @@ def json_answer(client: OpenAI, model: str) -> None:
     except ImportError:
         show("parsed as JSON", "yes (jsonschema not installed: not validated)")
     show("specdec", response.model_extra.get("specdec"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import time
 import httpx
 import jsonschema
 from openai import OpenAI
+
+from specdec.bench.llama_server import free_port  # a free 127.0.0.1 port (the session bench uses it too)
 
 SCHEMAS = {
     "package": ("Describe the software package {s}.", {
@@ -74,12 +75,6 @@ SCHEMAS = {
         "required": ["word", "count"], "additionalProperties": False}),
 }
 SUBJECTS = ["numpy", "a memory leak in a cache", "parsing CSV files", "Rust", "HTTP retries"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> int:

@@ -2,6 +2,8 @@
 
     python tools/quant_variant.py FLOAT_BUNDLE OUT [--role target|draft|both] [--method rtn|rtn-asym|k-quant]
         [--lm-head-bits 4|8] [--block-size N] [--accuracy-level 4]
+    python tools/quant_variant.py FLOAT_BUNDLE OUT --method gguf     # the GGUF's own blocks, from the GGUFs
+                                                                     # the manifest records (sha256 checked)
 
 FLOAT_BUNDLE: a ``specdec-export --quant none`` bundle (fused graph): its ONNX is exactly what the exporter
 hands to quantization, so a variant equals what ``specdec-export --quant int4`` with the same recipe writes
@@ -20,6 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from specdec.bench.llama_server import gguf_from_manifest
 from specdec.contract.manifest import MANIFEST_NAME, Manifest
 from specdec.export.bundle import hash_tree
 from specdec.export.quantize import LM_HEAD_BITS, QUANT_METHODS, QuantRecipe, quantize_onnx
@@ -45,6 +48,7 @@ def main() -> int:
         return 2
     roles = ("target", "draft") if args.role == "both" else (args.role,)
     recipe = QuantRecipe(args.method, args.lm_head_bits)
+    ggufs = dict(zip(("target", "draft"), gguf_from_manifest(str(args.bundle)))) if args.method == "gguf" else {}
     staging = args.out.with_name(f".{args.out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(args.bundle, staging, copy_function=os.link)  # hard links: no extra disk
@@ -55,11 +59,12 @@ def main() -> int:
         started = time.monotonic()
         folder = staging / Path(spec.onnx_file).parent
         shutil.rmtree(folder)
-        quantize_onnx(args.bundle / spec.onnx_file, staging / spec.onnx_file, "int4", args.accuracy_level,
-                      isolated=False, block_size=args.block_size, recipe=recipe)
+        carried = quantize_onnx(args.bundle / spec.onnx_file, staging / spec.onnx_file, "int4", args.accuracy_level,
+                                isolated=False, block_size=args.block_size, recipe=recipe,
+                                gguf_path=ggufs.get(role) and Path(ggufs[role]))
         specs[role] = replace(spec, quant="int4")
         print(f"{role}: {recipe.method}, lm_head {recipe.lm_head_bits}-bit, block {args.block_size}: "
-              f"{time.monotonic() - started:.0f} s", file=sys.stderr)
+              f"{time.monotonic() - started:.0f} s {carried or ''}", file=sys.stderr)
     new = replace(manifest, **specs, files=hash_tree(staging),
                   extra={**manifest.extra, "quant_variant": {"roles": list(roles), **recipe.to_dict(),
                                                              "block_size": args.block_size}})

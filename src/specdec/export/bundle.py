@@ -67,6 +67,8 @@ class ExportOptions:
     # how int4 weights are chosen (quantize.py: method "rtn" | "rtn-asym" | "k-quant", lm_head bits 4 | 8)
     quant_method: str = QuantRecipe.method
     lm_head_bits: int = QuantRecipe.lm_head_bits
+    # the draft's method when it differs (None: quant_method); the draft's accuracy only moves the acceptance rate
+    draft_quant_method: str | None = None
 
     def __post_init__(self):
         if self.graph not in ("auto", "fused", "standard"):
@@ -87,8 +89,9 @@ class ExportOptions:
             raise ValueError("--quant int4-qdq applies to a float32 or float16 export")
         if self.accuracy_level is not None and self.accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError("--accuracy-level must be 0..4 (onnxruntime MatMulNBits)")
-        recipe = QuantRecipe(self.quant_method, self.lm_head_bits)  # each a one-line ValueError
-        if recipe != QuantRecipe() and self.quant != "int4":
+        recipes = {QuantRecipe(self.quant_method, self.lm_head_bits),  # each a one-line ValueError
+                   self.recipe_for("draft")}
+        if recipes != {QuantRecipe()} and self.quant != "int4":
             raise ValueError(f"--quant-method / --lm-head-bits apply to --quant int4, not --quant {self.quant}")
         for flag, size in (("--block-size", self.block_size), ("--draft-block-size", self.draft_block_size)):
             if size not in BLOCK_SIZES:
@@ -100,6 +103,11 @@ class ExportOptions:
     @property
     def recipe(self) -> QuantRecipe:
         return QuantRecipe(self.quant_method, self.lm_head_bits)
+
+    def recipe_for(self, role: str) -> QuantRecipe:
+        if role == "draft" and self.draft_quant_method is not None:
+            return QuantRecipe(self.draft_quant_method, self.lm_head_bits)
+        return self.recipe
 
 
 def tie_model_embeddings(model) -> str:
@@ -235,26 +243,32 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
 
 
 def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
-    """Export one model: the float graph in a worker process, then (after it has exited) quantization."""
+    """Export one model: the float graph in a worker process, then (after it has exited) quantization.
+    Returns (spec, parity reports, what the quantization recipe reports)."""
     from specdec.export.onnx_export import ONNX_NAME
     from specdec.export.parity import check_parity
 
     spec, parity, references, prompt, extra, float_dir = run_isolated(
         _export_float, role, source, tokenizer, options, staging, _for_worker(progress)
     )
+    carried = {}
     if options.quant != "none":
         block = options.block_size_for(role)
-        method = f", {options.quant_method}" + (f", lm_head {options.lm_head_bits}-bit" if options.lm_head_bits != 4
-                                                 else "") if options.quant == "int4" else ""
+        recipe = options.recipe_for(role)
+        method = f", {recipe.method}" + (f", lm_head {recipe.lm_head_bits}-bit" if recipe.lm_head_bits != 4
+                                         else "") if options.quant == "int4" else ""
         progress(f"{role}: quantizing weights to {options.quant} (block {block}{method})")
-        quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant, options.accuracy_level,
-                      block_size=block, recipe=options.recipe)
+        carried = quantize_onnx(float_dir / ONNX_NAME, staging / role / ONNX_NAME, options.quant,
+                                options.accuracy_level, block_size=block, recipe=recipe,
+                                gguf_path=source.path / source.gguf_file if source.gguf_file else None)
+        if carried:
+            progress(f"{role}: carried from the GGUF: {carried['carried']} ({carried['left']} weights left to rtn)")
         shutil.rmtree(float_dir)
         spec = replace(spec, quant=options.quant)
         if references is not None:
             progress(f"{role}: parity check of the {options.quant} graph (error includes quantization)")
             parity[options.quant] = check_parity(references, staging / role / ONNX_NAME, spec, prompt, extra)
-    return spec, parity
+    return spec, parity, carried
 
 
 def _silent(message: str) -> None:
@@ -285,6 +299,11 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     check_destination(out)
     target_source = resolve_source(options.target)
     draft_source = resolve_source(options.draft) if options.draft else None
+    for role, source in (("target", target_source), ("draft", draft_source)):
+        if options.recipe_for(role).method == "gguf":
+            if source is not None and not source.gguf_file:
+                raise ExportError(f"--quant-method gguf carries a GGUF's blocks over: the {role} {source.label} "
+                                  "is not a .gguf file")
     progress("loading tokenizers")
     tokenizers = {"target": load_tokenizer(target_source)}
     if draft_source is not None:
@@ -306,12 +325,12 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     shutil.rmtree(staging, ignore_errors=True)
     try:
         staging.mkdir()
-        specs, parity = {}, {}
+        specs, parity, carried = {}, {}, {}
         if draft_source is not None:
-            specs["draft"], parity["draft"] = _export_one("draft", draft_source, tokenizers["draft"], options,
-                                                          staging, progress)
-        specs["target"], parity["target"] = _export_one("target", target_source, tokenizers["target"], options,
-                                                        staging, progress)
+            specs["draft"], parity["draft"], carried["draft"] = _export_one(
+                "draft", draft_source, tokenizers["draft"], options, staging, progress)
+        specs["target"], parity["target"], carried["target"] = _export_one(
+            "target", target_source, tokenizers["target"], options, staging, progress)
         if draft_source is not None:
             check_specs(specs["target"], specs["draft"])
         if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):
@@ -333,6 +352,10 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
                    **({"quant_block_size": {role: options.block_size_for(role) for role in specs}}
                       if options.quant != "none" else {}),
                    **({"quant_recipe": options.recipe.to_dict()} if options.quant == "int4" else {}),
+                   **({"draft_quant_recipe": options.recipe_for("draft").to_dict()}
+                      if options.quant == "int4" and draft_source is not None
+                      and options.recipe_for("draft") != options.recipe else {}),
+                   **({"quant_carried_from_gguf": carried} if any(carried.values()) else {}),
                    **({"tied_embeddings": "lm_head"} if options.tie_embeddings else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())

@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quant-method", default=None, choices=list(QUANT_METHODS),
                         help=f"--quant int4: how the 4-bit weights are chosen (default {QuantRecipe.method}): rtn = "
                              "symmetric round-to-nearest; rtn-asym = min/max with zero points; k-quant = llama.cpp's "
-                             "k-quant scale/min search with zero points (docs/bundle.md)")
+                             "k-quant scale/min search with zero points; gguf = a GGUF source's own blocks carried "
+                             "over (Q4_K as 4-bit, Q5_0/Q6_K/Q8_0 as 8-bit: the GGUF's weights, docs/bundle.md)")
+    parser.add_argument("--draft-quant-method", default=None, choices=list(QUANT_METHODS),
+                        help="--quant int4: the draft's method when it should differ from --quant-method")
     parser.add_argument("--lm-head-bits", type=int, default=None, choices=list(LM_HEAD_BITS),
                         help=f"--quant int4: bits of the output projection (default {QuantRecipe.lm_head_bits})")
     parser.add_argument("--graph", default="auto", choices=["auto", "fused", "standard"],
@@ -150,6 +153,7 @@ def _main(args) -> int:
             **{name: value for name, value in (("block_size", args.block_size),
                                                ("draft_block_size", args.draft_block_size),
                                                ("quant_method", args.quant_method),
+                                               ("draft_quant_method", args.draft_quant_method),
                                                ("lm_head_bits", args.lm_head_bits)) if value is not None},
         )
         manifest = export_bundle(options, progress)

@@ -25,6 +25,10 @@ benchmarks/results/2026-12-01-quality-int4/):
   dequantizing fallback (~50x slower per pass in a 1536 x 8960 microbenchmark); the GGUF's Q4_K blocks
   cannot be carried over exactly for the same reason (their per-block minimum divided by the scale is not
   an integer zero point).
+- ``gguf``: for a model exported from a GGUF file, its weights written from the GGUF's own blocks instead of
+  quantized again (``gguf_carry.py``: Q4_K as 4-bit with zero points and a per-block correction, Q5_0 / Q8_0 /
+  Q6_K as 8-bit; within float32 rounding of the GGUF's weights, Q6_K within 1/8 of its step where not exact);
+  a weight not found in the GGUF falls back to ``rtn``.
 - ``lm_head_bits``: 8 stores the output projection as 8-bit MatMulNBits (llama.cpp's Q4_K_M keeps it at
   6 bits), at the cost of reading more bytes per token.
 """
@@ -41,7 +45,7 @@ BLOCK_SIZE = 32  # the target's default: the accuracy of onnxruntime-genai's CPU
 # step instead of 0.37x at the same acceptance (0.72), so every draft round is cheaper.
 DRAFT_BLOCK_SIZE = 128
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-QUANT_METHODS = ("rtn", "rtn-asym", "k-quant")
+QUANT_METHODS = ("rtn", "rtn-asym", "k-quant", "gguf")
 LM_HEAD_BITS = (4, 8)
 K_QUANT_CHUNK = 1 << 22  # weights per k-quant call: its ~10 float temporaries stay ~160 MB
 
@@ -64,8 +68,12 @@ class QuantRecipe:
 
 
 def quantize_onnx(src: Path, dst: Path, quant: str, accuracy_level: int | None = None, isolated: bool = True,
-                  block_size: int = BLOCK_SIZE, recipe: QuantRecipe = QuantRecipe()) -> None:
-    """Quantize the model at ``src`` (ONNX + external data) into ``dst``.
+                  block_size: int = BLOCK_SIZE, recipe: QuantRecipe = QuantRecipe(),
+                  gguf_path: Path | None = None) -> dict:
+    """Quantize the model at ``src`` (ONNX + external data) into ``dst``; returns what the recipe reports
+    (``gguf``: the carried tensors per GGUF type), else {}.
+
+    ``gguf_path``: the GGUF file the model was loaded from (needed by the ``gguf`` method).
 
     ``isolated``: run in a fresh Python process. The quantizer holds the whole float model in
     memory; a fresh process does not add that to what the exporting process still holds (its
@@ -78,12 +86,15 @@ def quantize_onnx(src: Path, dst: Path, quant: str, accuracy_level: int | None =
         release_freed_memory()
         level = "none" if accuracy_level is None else str(accuracy_level)
         proc = subprocess.run([sys.executable, "-m", "specdec.export.quantize", str(src), str(dst), quant, level,
-                               str(block_size), recipe.method, str(recipe.lm_head_bits)], capture_output=True, text=True)
+                               str(block_size), recipe.method, str(recipe.lm_head_bits), str(gguf_path or "")],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"quantization of {src.name} failed: {tail}")
-        return
-    _quantize(src, dst, quant, accuracy_level, block_size, recipe)
+        import json
+
+        return json.loads((proc.stdout.strip().splitlines() or ["{}"])[-1])
+    return _quantize(src, dst, quant, accuracy_level, block_size, recipe, gguf_path)
 
 
 def release_freed_memory() -> None:
@@ -99,7 +110,7 @@ def release_freed_memory() -> None:
 
 
 def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, block_size: int = BLOCK_SIZE,
-              recipe: QuantRecipe = QuantRecipe()) -> None:
+              recipe: QuantRecipe = QuantRecipe(), gguf_path: Path | None = None) -> dict:
     import onnx
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
@@ -110,14 +121,21 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
     quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
     if recipe != QuantRecipe() and (bits != 4 or quant_format != QuantFormat.QOperator):
         raise ValueError(f"--quant-method / --lm-head-bits apply to --quant int4, not {quant}")
+    if recipe.method == "gguf" and gguf_path is None:
+        raise ValueError("--quant-method gguf needs a model loaded from a .gguf file")
     model = onnx.load(str(src), load_external_data=True)
     fold_weight_transposes(model)
+    report = {}
+    if recipe.method == "gguf":  # first: what is not found in the GGUF is left to rtn below
+        from specdec.export.gguf_carry import carry_gguf_weights
+
+        report = carry_gguf_weights(model, Path(gguf_path), accuracy_level).to_dict()
     tied = _tied_lm_head_output(model) if bits == 4 and quant_format == QuantFormat.QOperator else None
     lm_head = _lm_head_node(model) if recipe.lm_head_bits != bits else None
     if recipe.method == "k-quant":
         k_quantize_matmuls(model, block_size, accuracy_level, skip={lm_head} - {None})
     else:
-        symmetric = recipe.method == "rtn"
+        symmetric = recipe.method in ("rtn", "gguf")
         config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
                                               accuracy_level=accuracy_level, bits=bits, quant_format=quant_format)
         quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
@@ -138,6 +156,7 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
     from onnxruntime.quantization.onnx_model import ONNXModel
 
     ONNXModel(model).save_model_to_file(str(dst), use_external_data_format=True)
+    return report
 
 
 def _lm_head_node(model) -> str | None:
@@ -335,6 +354,9 @@ def quantize_embedding(model, block_size: int, tied_output: str | None) -> None:
 if __name__ == "__main__":  # the isolated worker of quantize_onnx
     import sys
 
-    _src, _dst, _quant, _level, _block, _method, _head = sys.argv[1:8]
-    _quantize(Path(_src), Path(_dst), _quant, None if _level == "none" else int(_level), int(_block),
-              QuantRecipe(_method, int(_head)))
+    import json
+
+    _src, _dst, _quant, _level, _block, _method, _head, _gguf = sys.argv[1:9]
+    _report = _quantize(Path(_src), Path(_dst), _quant, None if _level == "none" else int(_level), int(_block),
+                        QuantRecipe(_method, int(_head)), Path(_gguf) if _gguf else None)
+    print(json.dumps(_report))

@@ -1,0 +1,154 @@
+"""--quant-method gguf: a GGUF's blocks carried into MatMulNBits / GatherBlockQuantized.
+
+The GGUFs here are written by the gguf package's own writer from random raw blocks of each carried type; the
+reference is the gguf package's ``dequantize`` (what transformers loads a GGUF with). A planted bug (the Q4_K
+minimum's remainder dropped) must fail the same check."""
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from specdec.export import gguf_blocks, gguf_carry  # noqa: E402
+
+K, VOCAB = 512, 48
+BYTES = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34}
+WEIGHTS = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q8_0": 32}
+
+
+def _fp16_bytes(rng, count, low, high):
+    return rng.uniform(low, high, count).astype(np.float16).view(np.uint8).reshape(count, 2)
+
+
+def raw_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
+    """uint8 [rows, bytes per row] of valid random blocks (finite scales) of a GGUF type."""
+    rng = np.random.default_rng(seed)
+    count = rows * k // WEIGHTS[kind]
+    blocks = rng.integers(0, 256, (count, BYTES[kind]), dtype=np.uint8)
+    if kind == "Q4_K":  # as llama.cpp writes them: sub-block minimums within the sub-block's 16 steps
+        d = rng.uniform(1e-3, 4e-3, count)
+        blocks[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(count, 2)
+        blocks[:, 2:4] = (d * rng.uniform(0.5, 1.8, count)).astype(np.float16).view(np.uint8).reshape(count, 2)
+        sc, mn = rng.integers(8, 64, (count, 8)), rng.integers(0, 64, (count, 8))
+        blocks[:, 4:8] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)  # the 6-bit scales and minimums, packed as Q4_K packs
+        blocks[:, 8:12] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
+        blocks[:, 12:16] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    elif kind == "Q6_K":
+        blocks[:, 208:210] = _fp16_bytes(rng, count, 1e-4, 5e-4)
+        scales = rng.integers(-40, 40, (count, 16)).astype(np.int8)
+        scales[: count // 2, 1::2] = scales[: count // 2, 0::2] * 2  # half the blocks: scales with a common factor
+        blocks[:, 192:208] = scales.view(np.uint8)
+    else:
+        blocks[:, 0:2] = _fp16_bytes(rng, count, 1e-3, 4e-3)
+    return blocks.reshape(rows, -1)
+
+
+def dequantized(kind: str, data: np.ndarray) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    return dequantize(data, gguf.GGMLQuantizationType[kind]).reshape(data.shape[0], -1)
+
+
+@pytest.mark.parametrize("kind", gguf_blocks.KINDS)
+def test_grid_values_equal_the_gguf_dequantization(kind):
+    data = raw_blocks(kind, 8, K, 1)
+    grid = gguf_blocks.grid_of(data, kind)
+    reference = dequantized(kind, data)
+    error = np.abs(grid.values() - reference).max()
+    if kind == "Q6_K":  # exact where a common factor exists, else the nearest 8-bit value
+        assert 0.4 < grid.exact_blocks < 1.0
+        step = np.abs(reference).max() / 32
+        assert error <= step / 8
+    else:
+        assert error <= 1e-6 * np.abs(reference).max(), error
+        assert grid.exact_blocks == 1.0
+    assert grid.q.max() < 2 ** grid.bits
+
+
+def _write_gguf(path, tensors: dict) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, (kind, data) in tensors.items():
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _model(qkv: np.ndarray, down: np.ndarray, table: np.ndarray):
+    """input_ids -> Gather(table) -> MatMul(qkv) -> MatMul(down) ; the graph form the exporter writes."""
+    inits = [numpy_helper.from_array(qkv, "qkv.weight"), numpy_helper.from_array(down, "down.weight"),
+             numpy_helper.from_array(table, "embed.weight")]
+    nodes = [helper.make_node("Gather", ["embed.weight", "input_ids"], ["h"], name="embed"),
+             helper.make_node("MatMul", ["h", "qkv.weight"], ["qkv"], name="qkv_proj"),
+             helper.make_node("MatMul", ["qkv", "down.weight"], ["y"], name="down_proj")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "T"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("qkv", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _run(model, ids):
+    import onnxruntime as ort
+
+    from specdec.runners.standard import session_options
+
+    session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    return session.run(["y", "qkv"], {"input_ids": ids})
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """(gguf path, float model, its dequantized weights): q and k Q4_K, v Q6_K side by side, down Q8_0, the
+    embedding Q4_K."""
+    raw = {"blk.0.attn_q.weight": ("Q4_K", raw_blocks("Q4_K", 256, K, 2)),
+           "blk.0.attn_k.weight": ("Q4_K", raw_blocks("Q4_K", 64, K, 3)),
+           "blk.0.attn_v.weight": ("Q6_K", raw_blocks("Q6_K", 64, K, 4)),
+           "blk.0.ffn_down.weight": ("Q8_0", raw_blocks("Q8_0", 96, 384, 5)),
+           "token_embd.weight": ("Q4_K", raw_blocks("Q4_K", VOCAB, K, 6))}
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, raw)
+    deq = {name: dequantized(kind, data) for name, (kind, data) in raw.items()}
+    qkv = np.concatenate([deq[f"blk.0.attn_{p}.weight"] for p in "qkv"], axis=0).T.copy()
+    return path, _model(qkv, deq["blk.0.ffn_down.weight"].T.copy(), deq["token_embd.weight"])
+
+
+def _carried_error(pair, accuracy_level=0):
+    path, model = pair
+    ids = np.array([[3, 17, 40, 5]], np.int64)
+    reference = _run(model, ids)
+    carried = onnx.ModelProto()
+    carried.CopyFrom(model)
+    report = gguf_carry.carry_gguf_weights(carried, path, accuracy_level)
+    ops = [n.op_type for n in carried.graph.node]
+    out = _run(carried, ids)
+    errors = [np.abs(o - r).max() / np.abs(r).max() for o, r in zip(out, reference)]
+    return report, ops, errors
+
+
+def test_carried_graph_computes_the_gguf_weights(pair):
+    report, ops, errors = _carried_error(pair)
+    assert report.carried == {"Q4_K": 3, "Q6_K": 1, "Q8_0": 1} and not report.left
+    assert "MatMul" not in ops and "Gather" in ops and "GatherBlockQuantized" in ops
+    assert ops.count("MatMulNBits") == 3  # q+k (4-bit), v (8-bit), down (8-bit)
+    assert max(errors) < 6e-3, errors  # symmetric int4 round-to-nearest of the same weights: ~3.5e-2
+
+
+def test_planted_bug_dropping_the_q4k_remainder_fails(pair, monkeypatch):
+    monkeypatch.setattr(gguf_carry, "_correction_rows",
+                        lambda c: (np.full(c.shape, 8, np.uint8), np.ones((c.shape[0], -(-c.shape[1] // 32)),
+                                                                         np.float32),
+                                   np.full((c.shape[0], -(-c.shape[1] // 32)), 8, np.uint8)))
+    _, _, errors = _carried_error(pair)
+    assert max(errors) > 1.5e-2, errors
+
+
+def test_weights_not_in_the_gguf_are_left_to_the_generic_method(pair, tmp_path):
+    path, model = pair
+    other = tmp_path / "other.gguf"
+    _write_gguf(other, {"token_embd.weight": ("Q8_0", raw_blocks("Q8_0", 7, 64, 9))})
+    report = gguf_carry.carry_gguf_weights(model, other, 0)
+    assert report.carried == {} and sorted(report.left) == ["down.weight", "embed.weight", "qkv.weight"]
+    assert [n.op_type for n in model.graph.node] == ["Gather", "MatMul", "MatMul"]

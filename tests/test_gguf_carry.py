@@ -146,9 +146,24 @@ def test_planted_bug_dropping_the_q4k_remainder_fails(pair, monkeypatch):
 
 
 def test_weights_not_in_the_gguf_are_left_to_the_generic_method(pair, tmp_path):
-    path, model = pair
+    _, model = pair
     other = tmp_path / "other.gguf"
     _write_gguf(other, {"token_embd.weight": ("Q8_0", raw_blocks("Q8_0", 7, 64, 9))})
     report = gguf_carry.carry_gguf_weights(model, other, 0)
     assert report.carried == {} and sorted(report.left) == ["down.weight", "embed.weight", "qkv.weight"]
     assert [n.op_type for n in model.graph.node] == ["Gather", "MatMul", "MatMul"]
+
+
+def test_narrow_rounds_the_wider_types_to_4_bits_but_the_named_weights(pair):
+    path, model = pair
+    ids = np.array([[3, 17, 40, 5]], np.int64)
+    reference = _run(model, ids)
+    report = gguf_carry.carry_gguf_weights(model, path, 0, narrow=True, wide_weights=frozenset({"down.weight"}))
+    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in model.graph.node
+            if n.op_type == "MatMulNBits"}
+    assert bits == {"qkv_proj_carried0": 4, "down_proj_carried0": 8}  # q, k and the rounded v in one node
+    assert report.exact_blocks["Q6_K"] == 0.0 and report.exact_blocks["Q4_K"] == 1.0
+    qkv = _run(model, ids)[1]
+    q_columns = slice(0, 320)  # q and k: still the GGUF's own Q4_K blocks
+    error = np.abs(qkv[..., q_columns] - reference[1][..., q_columns]).max() / np.abs(reference[1]).max()
+    assert error < 6e-3

@@ -36,6 +36,8 @@ def main() -> int:
     parser.add_argument("--method", choices=QUANT_METHODS, default=QuantRecipe.method)
     parser.add_argument("--lm-head-bits", type=int, choices=LM_HEAD_BITS, default=QuantRecipe.lm_head_bits)
     parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--draft-method", choices=QUANT_METHODS, default=None, help="the draft's, if not --method")
+    parser.add_argument("--draft-block-size", type=int, default=None, help="the draft's, if not --block-size")
     parser.add_argument("--accuracy-level", type=int, default=4)
     args = parser.parse_args()
     manifest = Manifest.read(args.bundle)
@@ -47,8 +49,11 @@ def main() -> int:
         print(f"quant_variant: error: {args.out} exists", file=sys.stderr)
         return 2
     roles = ("target", "draft") if args.role == "both" else (args.role,)
-    recipe = QuantRecipe(args.method, args.lm_head_bits)
-    ggufs = dict(zip(("target", "draft"), gguf_from_manifest(str(args.bundle)))) if args.method == "gguf" else {}
+    recipes = {"target": QuantRecipe(args.method, args.lm_head_bits),
+               "draft": QuantRecipe(args.draft_method or args.method, args.lm_head_bits)}
+    blocks = {"target": args.block_size, "draft": args.draft_block_size or args.block_size}
+    uses_gguf = any(recipes[role].method.startswith("gguf") for role in roles)
+    ggufs = dict(zip(("target", "draft"), gguf_from_manifest(str(args.bundle)))) if uses_gguf else {}
     staging = args.out.with_name(f".{args.out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(args.bundle, staging, copy_function=os.link)  # hard links: no extra disk
@@ -59,15 +64,16 @@ def main() -> int:
         started = time.monotonic()
         folder = staging / Path(spec.onnx_file).parent
         shutil.rmtree(folder)
+        recipe = recipes[role]
         carried = quantize_onnx(args.bundle / spec.onnx_file, staging / spec.onnx_file, "int4", args.accuracy_level,
-                                isolated=False, block_size=args.block_size, recipe=recipe,
+                                isolated=False, block_size=blocks[role], recipe=recipe,
                                 gguf_path=ggufs.get(role) and Path(ggufs[role]))
         specs[role] = replace(spec, quant="int4")
-        print(f"{role}: {recipe.method}, lm_head {recipe.lm_head_bits}-bit, block {args.block_size}: "
+        print(f"{role}: {recipe.method}, lm_head {recipe.lm_head_bits}-bit, block {blocks[role]}: "
               f"{time.monotonic() - started:.0f} s {carried or ''}", file=sys.stderr)
     new = replace(manifest, **specs, files=hash_tree(staging),
-                  extra={**manifest.extra, "quant_variant": {"roles": list(roles), **recipe.to_dict(),
-                                                             "block_size": args.block_size}})
+                  extra={**manifest.extra, "quant_variant": {role: {**recipes[role].to_dict(), "block_size": blocks[role]}
+                                                             for role in roles}})
     (staging / MANIFEST_NAME).write_text(new.to_json())
     staging.rename(args.out)
     return 0

@@ -32,11 +32,26 @@ from pathlib import Path
 from specdec.contract.bundle import HashCache, default_hash_cache, sha256_file
 from specdec.contract.fim import find_fim_tokens
 from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, SourceFile
-
 from specdec.export.compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
 from specdec.export.destination import check_destination, remove_dead_staging, swap_into_place
-from specdec.export.quantize import BLOCK_SIZE, BLOCK_SIZES, DRAFT_BLOCK_SIZE, QUANTS, QuantRecipe, quantize_onnx
-from specdec.export.sources import DTYPES, ModelSource, SourceError, load_configs, load_model, load_tokenizer, resolve_source
+from specdec.export.quantize import (
+    BLOCK_SIZE,
+    BLOCK_SIZES,
+    DRAFT_BLOCK_SIZE,
+    GGUF_METHODS,
+    QUANTS,
+    QuantRecipe,
+    quantize_onnx,
+)
+from specdec.export.sources import (
+    DTYPES,
+    ModelSource,
+    SourceError,
+    load_configs,
+    load_model,
+    load_tokenizer,
+    resolve_source,
+)
 from specdec.export.worker import ExportError, one_line, run_isolated
 
 PARITY_PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
@@ -300,10 +315,10 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     target_source = resolve_source(options.target)
     draft_source = resolve_source(options.draft) if options.draft else None
     for role, source in (("target", target_source), ("draft", draft_source)):
-        if options.recipe_for(role).method == "gguf":
-            if source is not None and not source.gguf_file:
-                raise ExportError(f"--quant-method gguf carries a GGUF's blocks over: the {role} {source.label} "
-                                  "is not a .gguf file")
+        method = options.recipe_for(role).method
+        if method in GGUF_METHODS and source is not None and not source.gguf_file:
+            raise ExportError(f"--quant-method {method} carries a GGUF's blocks over: the {role} {source.label} "
+                              "is not a .gguf file")
     progress("loading tokenizers")
     tokenizers = {"target": load_tokenizer(target_source)}
     if draft_source is not None:

@@ -47,6 +47,20 @@ class Grid:
         return blocks.reshape(n, k)
 
 
+def rounded_to_4_bits(grid: Grid) -> Grid:
+    """A 4-bit grid of an 8-bit grid's values: symmetric round-to-nearest per block (scale = max |w| / 7, zero 8)."""
+    if grid.bits == 4:
+        return grid
+    values = grid.values()
+    n, k = values.shape
+    blocks = values.reshape(n, -1, BLOCK)
+    scale = np.abs(blocks).max(axis=-1) / 7.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(blocks / scale[..., None]), -8, 7) + 8
+    return Grid(4, q.astype(np.uint8).reshape(n, k), scale.astype(np.float32), np.full(scale.shape, 8, np.uint8),
+                None, 0.0)
+
+
 def grid_of(data: np.ndarray, kind: str) -> Grid:
     """The Grid of a GGUF tensor's raw blocks: ``data`` uint8 [N, bytes per row], ``kind`` one of ``KINDS``."""
     if kind not in KINDS:

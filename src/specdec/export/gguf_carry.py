@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.export.gguf_blocks import BLOCK, KINDS, Grid, grid_of
+from specdec.export.gguf_blocks import BLOCK, KINDS, Grid, grid_of, rounded_to_4_bits
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +94,23 @@ def match_columns(weight: np.ndarray, tensors: GGUFTensors) -> list | None:
 
 
 def _concat(grids: list[Grid]) -> Grid:
+    """Grids side by side (rows: output columns); a grid without corrections gets zeros if another has them."""
     def cat(name):
         parts = [getattr(g, name) for g in grids]
-        return None if parts[0] is None else np.concatenate(parts, axis=0)
+        return np.concatenate(parts, axis=0)
 
-    return Grid(grids[0].bits, cat("q"), cat("scale"), cat("zero"), cat("correction"))
+    corrections = None
+    if any(g.correction is not None for g in grids):
+        corrections = np.concatenate([g.correction if g.correction is not None else np.zeros_like(g.scale)
+                                      for g in grids], axis=0)
+    return Grid(grids[0].bits, cat("q"), cat("scale"), cat("zero"), corrections)
 
 
 def _runs(grids: list[tuple[str, Grid]]) -> list[tuple[Grid, list]]:
-    """Consecutive (GGUF type, grid) pairs with the same kind of grid, joined: [(grid, [GGUF types])]."""
+    """Consecutive (GGUF type, grid) pairs of the same width, joined: [(grid, [GGUF types])]."""
     runs = []
     for kind, grid in grids:
-        shape = (grid.bits, grid.correction is not None)
+        shape = grid.bits
         if runs and runs[-1][0] == shape:
             runs[-1][1].append(grid)
             runs[-1][2].append(kind)
@@ -251,9 +256,13 @@ class _Builder:
         return nodes
 
 
-def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None) -> CarryReport:
+def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narrow: bool = False,
+                       wide_weights: frozenset = frozenset()) -> CarryReport:
     """Replace every MatMul (constant 2-D float weight) and the token-embedding Gather whose values are found in
-    ``gguf_path`` by nodes holding the GGUF's own blocks, in place (module docstring)."""
+    ``gguf_path`` by nodes holding the GGUF's own blocks, in place (module docstring).
+
+    ``narrow``: every tensor the GGUF stores in more than 4 bits (Q5_0, Q6_K, Q8_0) is rounded to 4 bits instead
+    (``gguf_blocks.rounded_to_4_bits``) but the initializers named in ``wide_weights`` (e.g. the lm_head's)."""
     from onnx import helper, numpy_helper
 
     tensors = GGUFTensors(gguf_path)
@@ -278,10 +287,12 @@ def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None) -> Ca
             report.left.append(weight.name)
             continue
         grids = [(tensor.tensor_type.name, grid_of(tensor.data, tensor.tensor_type.name)) for tensor, _, _ in segments]
+        if narrow and weight.name not in wide_weights:
+            grids = [(kind, rounded_to_4_bits(grid)) for kind, grid in grids]
         for kind, grid in grids:
             report.carried[kind] = report.carried.get(kind, 0) + 1
             count = exact.setdefault(kind, [0.0, 0])
-            count[0] += grid.exact_blocks * grid.scale.size
+            count[0] += grid.exact_blocks * grid.scale.size  # a rounded grid holds none exactly
             count[1] += grid.scale.size
         runs = _runs(grids)
         replaced[node.name] = builder.matmul(node, runs) if is_matmul else builder.gather(node, runs[0][0])

@@ -28,7 +28,9 @@ benchmarks/results/2026-12-01-quality-int4/):
 - ``gguf``: for a model exported from a GGUF file, its weights written from the GGUF's own blocks instead of
   quantized again (``gguf_carry.py``: Q4_K as 4-bit with zero points and a per-block correction, Q5_0 / Q8_0 /
   Q6_K as 8-bit; within float32 rounding of the GGUF's weights, Q6_K within 1/8 of its step where not exact);
-  a weight not found in the GGUF falls back to ``rtn``.
+  a weight not found in the GGUF falls back to ``rtn``. The lm_head keeps its GGUF type (Q6_K / Q8_0: 8-bit).
+  ``gguf-int4``: the same, but the tensors the GGUF holds in more than 4 bits are rounded to 4 bits (symmetric,
+  block 32) except the lm_head with ``--lm-head-bits 8``: fewer bytes per token, for a faster draft.
 - ``lm_head_bits``: 8 stores the output projection as 8-bit MatMulNBits (llama.cpp's Q4_K_M keeps it at
   6 bits), at the cost of reading more bytes per token.
 """
@@ -45,7 +47,8 @@ BLOCK_SIZE = 32  # the target's default: the accuracy of onnxruntime-genai's CPU
 # step instead of 0.37x at the same acceptance (0.72), so every draft round is cheaper.
 DRAFT_BLOCK_SIZE = 128
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-QUANT_METHODS = ("rtn", "rtn-asym", "k-quant", "gguf")
+QUANT_METHODS = ("rtn", "rtn-asym", "k-quant", "gguf", "gguf-int4")
+GGUF_METHODS = ("gguf", "gguf-int4")
 LM_HEAD_BITS = (4, 8)
 K_QUANT_CHUNK = 1 << 22  # weights per k-quant call: its ~10 float temporaries stay ~160 MB
 
@@ -121,21 +124,24 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
     quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
     if recipe != QuantRecipe() and (bits != 4 or quant_format != QuantFormat.QOperator):
         raise ValueError(f"--quant-method / --lm-head-bits apply to --quant int4, not {quant}")
-    if recipe.method == "gguf" and gguf_path is None:
-        raise ValueError("--quant-method gguf needs a model loaded from a .gguf file")
+    if recipe.method in GGUF_METHODS and gguf_path is None:
+        raise ValueError(f"--quant-method {recipe.method} needs a model loaded from a .gguf file")
     model = onnx.load(str(src), load_external_data=True)
     fold_weight_transposes(model)
     report = {}
-    if recipe.method == "gguf":  # first: what is not found in the GGUF is left to rtn below
+    if recipe.method in GGUF_METHODS:  # first: what is not found in the GGUF is left to rtn below
         from specdec.export.gguf_carry import carry_gguf_weights
 
-        report = carry_gguf_weights(model, Path(gguf_path), accuracy_level).to_dict()
+        head = _lm_head_node(model)
+        wide = {n.input[1] for n in model.graph.node if n.name == head} if recipe.lm_head_bits == 8 else set()
+        report = carry_gguf_weights(model, Path(gguf_path), accuracy_level, narrow=recipe.method == "gguf-int4",
+                                    wide_weights=frozenset(wide)).to_dict()
     tied = _tied_lm_head_output(model) if bits == 4 and quant_format == QuantFormat.QOperator else None
     lm_head = _lm_head_node(model) if recipe.lm_head_bits != bits else None
     if recipe.method == "k-quant":
         k_quantize_matmuls(model, block_size, accuracy_level, skip={lm_head} - {None})
     else:
-        symmetric = recipe.method in ("rtn", "gguf")
+        symmetric = recipe.method in ("rtn", *GGUF_METHODS)
         config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric,
                                               accuracy_level=accuracy_level, bits=bits, quant_format=quant_format)
         quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,

@@ -241,3 +241,16 @@ def test_a_stream_s_finish_reason_is_none_while_it_runs():
     assert stream.finish_reason is None
     list(stream)
     assert stream.finish_reason in ("eos", "stop", "length")
+
+
+def test_the_first_token_of_a_default_request_never_waits_for_the_draft():
+    """Default auto hybrid: the draft reads the prompt lazily, in the first round that uses it, and the first round
+    never does; the tokens are target-only's. Planted: an eager draft prefill (or a draft first round) fails."""
+    decoder = scripted_decoder(eos=None)
+    prompt_ids = [int(t) for t in np.random.default_rng(3).integers(0, 15, 60)]  # little for suffix matching
+    stream = decoder.stream(prompt_ids, max_new_tokens=40)
+    next(stream)
+    assert stream.stats.draft_forwards == 0 and stream.stats.rounds == 1
+    list(stream)
+    expected = decoder.fork().generate(prompt_ids, max_new_tokens=40, num_draft_tokens=0)
+    assert stream.token_ids == expected.token_ids

@@ -296,7 +296,10 @@ class SpeculativeDecoder:
             plan = ProposalPlan(request, uses_draft, self.max_context, costs, self.suffix_cache)
             draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             if draft is not None:
-                stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache)
+                # auto hybrid/suffix: the draft reads the prompt in the first round that uses it (never the first)
+                lazy = plan.suffix is not None and plan.auto and request.max_new_tokens > 0
+                stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache,
+                                                        compute=not lazy)
             stats.prefill_seconds = time.perf_counter() - started
             stats.verify_seconds = stats.draft_seconds = 0.0
             started = time.perf_counter()
@@ -362,9 +365,11 @@ class SpeculativeDecoder:
         return chain_round(target, draft, state, rule, proposal)
 
 
-def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None) -> int:
+def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None,
+                compute: bool = True) -> int:
     """Keep the longest prefix of ``tokens`` the runner's cache holds, then compute the rest (but the last
-    one or two, which the first round feeds). Returns the number of prompt tokens reused.
+    one or two, which the first round feeds; ``compute=False``: left to the round that next uses the runner).
+    Returns the number of prompt tokens reused.
 
     The last token is never reused: the first round needs its logits, so it runs again. Rows are computed
     by the same graph whatever the pass width (verify rows equal one-token rows bit for bit, checked at
@@ -376,7 +381,8 @@ def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache:
             runner.restore(entry, shared)
             held = shared
     runner.truncate(held)
-    catch_up(runner, tokens, leave)
+    if compute:
+        catch_up(runner, tokens, leave)
     return held
 
 

@@ -13,7 +13,9 @@ earlier requests' outputs, each node with a calibrated acceptance estimate; in "
 cut where it stops paying for its wider verify pass. Auto hybrid (the default) takes whichever of
 the suffix tree, the draft model's chain and no proposal at all promises the most tokens per
 second this round, from the measured pass costs; the draft's side is charged the catch-up pass
-over the tokens other rounds committed since the draft last ran.
+over the tokens other rounds committed since the draft last ran. The draft then prefills lazily: its cache
+catches up on the prompt in the first round that uses it, and the first round never does, so a turn's first
+token never waits for the draft.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class ProposalPlan:
             self.pass_costs = ObservedCosts(costs)
         self.history = np.zeros(max_context if self.uses_lookup else 0, dtype=np.int64)  # lookup's copy of tokens
         self.filled = 0
+        self.rounds = 0  # rounds played so far in this request
 
     def propose(self, tokens: list, budget: int, draft_lag: int = 0, room: int = MAX_SUFFIX_NODES) -> Proposal:
         """This round's proposal. ``draft_lag``: committed tokens the draft model has not read yet; ``room``:
@@ -141,6 +144,8 @@ class ProposalPlan:
         if tree is not None and tree.tokens:
             tree = cost_cut(tree, costs.verify_cost, pending)
         suffix_rate = tree.expected_tokens / costs.verify_cost(pending + len(tree.tokens)) if tree is not None else 0.0
+        if self.rounds == 0 and draft_lag > 2:
+            gamma = 0  # the first token never waits for the draft to read the prompt (it prefills lazily)
         if gamma > 0:
             # the catch-up pass is paid once, then the draft runs on: spread over DRAFT_CATCH_UP_ROUNDS rounds
             catch_up = self.model_auto.draft_catch_up(draft_lag) / DRAFT_CATCH_UP_ROUNDS
@@ -167,6 +172,7 @@ class ProposalPlan:
                 controller.observe_pass(role, tokens, seconds)
 
     def observe(self, source: str, proposed: int, accepted: int) -> None:
+        self.rounds += 1
         controller = self.model_auto if source == "draft" else self.lookup_autos.get(self.lookup_size)
         if source in ("draft", "lookup") and controller is not None:
             controller.observe(proposed, accepted)

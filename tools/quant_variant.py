@@ -74,6 +74,7 @@ def main() -> int:
     new = replace(manifest, **specs, files=hash_tree(staging),
                   extra={**manifest.extra, "quant_variant": {role: {**recipes[role].to_dict(), "block_size": blocks[role]}
                                                              for role in roles}})
+    (staging / MANIFEST_NAME).unlink()  # a hard link to the float bundle's manifest: never write through it
     (staging / MANIFEST_NAME).write_text(new.to_json())
     staging.rename(args.out)
     return 0

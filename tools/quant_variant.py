@@ -7,7 +7,7 @@
 
 FLOAT_BUNDLE: a ``specdec-export --quant none`` bundle (fused graph): its ONNX is exactly what the exporter
 hands to quantization, so a variant equals what ``specdec-export --quant int4`` with the same recipe writes
-(parity notes aside). The roles not quantized are hard links to the float files (no extra disk). OUT gets a
+(parity notes aside). The roles not quantized are copied. OUT gets a
 manifest with fresh hashes; ``specdec eval OUT`` and ``tools/graph_profile.py OUT`` then measure the recipe.
 Quantization runs in this process: ``/usr/bin/time -v`` around this tool gives its peak RSS.
 """
@@ -15,7 +15,6 @@ Quantization runs in this process: ``/usr/bin/time -v`` around this tool gives i
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -56,14 +55,15 @@ def main() -> int:
     ggufs = dict(zip(("target", "draft"), gguf_from_manifest(str(args.bundle)))) if uses_gguf else {}
     staging = args.out.with_name(f".{args.out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(args.bundle, staging, copy_function=os.link)  # hard links: no extra disk
+    # copies, not hard links: onnx refuses to load external data that has several links (a later variant of the
+    # same float bundle would fail), and the float bundle stays the only owner of its files
+    quantized = {Path(spec.onnx_file).parts[0] for role, spec in manifest.models().items() if role in roles}
+    shutil.copytree(args.bundle, staging, ignore=lambda folder, names: quantized if Path(folder) == args.bundle else [])
     specs = {}
     for role, spec in manifest.models().items():
         if role not in roles:
             continue
         started = time.monotonic()
-        folder = staging / Path(spec.onnx_file).parent
-        shutil.rmtree(folder)
         recipe = recipes[role]
         carried = quantize_onnx(args.bundle / spec.onnx_file, staging / spec.onnx_file, "int4", args.accuracy_level,
                                 isolated=False, block_size=blocks[role], recipe=recipe,
@@ -74,7 +74,6 @@ def main() -> int:
     new = replace(manifest, **specs, files=hash_tree(staging),
                   extra={**manifest.extra, "quant_variant": {role: {**recipes[role].to_dict(), "block_size": blocks[role]}
                                                              for role in roles}})
-    (staging / MANIFEST_NAME).unlink()  # a hard link to the float bundle's manifest: never write through it
     (staging / MANIFEST_NAME).write_text(new.to_json())
     staging.rename(args.out)
     return 0

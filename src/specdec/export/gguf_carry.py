@@ -7,11 +7,11 @@ embedding are found in the GGUF by value and written from the GGUF's own blocks 
 
 - a weight is one GGUF tensor, or several side by side (the fused graph's packed QKV: q, k, v); every column
   range must equal a GGUF tensor's dequantized rows bit for bit, else the weight is left to the generic method;
-- 4-bit grids (Q4_K) become a 4-bit MatMulNBits with integer zero points. Q4_K's per-block minimum is not a
-  whole number of steps, so the remainder ``correction[n, b]`` (one float per block of 32) is applied as K/32
-  extra input rows of the same MatMulNBits: the activation's block sums (``ReduceSum`` over each 32) are
-  concatenated after it, and the extra rows hold the corrections (4-bit, their own scales: within 1/28 of a
-  Q4_K step of the GGUF's weights);
+- 4-bit grids (Q4_K) become a 4-bit MatMulNBits (zero point 8, the kernels' fast path). Q4_K's per-block
+  minimum goes into ``correction[n, b]`` (one float per block of 32), applied as extra input rows of the same
+  MatMulNBits: the activation's block sums (``ReduceSum`` over each 32, padded to whole blocks) are concatenated
+  after it twice, and the extra rows hold each correction as 8 bits split into a high and a low nibble (their
+  own scales, 16:1): within 1/30 of a Q4_K step of the GGUF's weights;
 - 8-bit grids (Q5_0, Q8_0, Q6_K) become an 8-bit MatMulNBits (block 32);
 - a weight whose columns mix 4- and 8-bit tensors (QKV where v is Q6_K) becomes one MatMulNBits per run of
   columns and a Concat;
@@ -138,31 +138,37 @@ def _pack_zero(zero: np.ndarray, bits: int) -> np.ndarray:
     return zero[:, 0::2] | (zero[:, 1::2] << 4)
 
 
-def _correction_rows(correction: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The corrections ([N, K/32] float32) as 4-bit symmetric rows: (q [N, K/32], scale, zero [N, blocks])."""
+def _correction_rows(correction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The corrections ([N, C] float32, one per block of 32 weights) as two 4-bit rows each, zero point 8:
+    (q [N, 2 * Cp] high nibbles then low nibbles, scales [N, 2 * Cp / 32]), Cp = C padded to whole blocks.
+    correction = s * (16 * (hi - 8) + (lo - 8)) = s * v, v = rint(correction / s) in -119..119, s per 32."""
     n, count = correction.shape
     blocks = -(-count // BLOCK)
-    padded = np.zeros((n, blocks * BLOCK), np.float32)
-    padded[:, :count] = correction
-    scale = np.abs(padded.reshape(n, blocks, BLOCK)).max(axis=-1) / 7.0
-    scale[scale == 0] = 1.0
-    q = np.clip(np.rint(padded.reshape(n, blocks, BLOCK) / scale[..., None]), -8, 7) + 8
-    return q.astype(np.uint8).reshape(n, -1)[:, :count], scale.astype(np.float32), np.full((n, blocks), 8, np.uint8)
+    padded = np.zeros((n, blocks, BLOCK), np.float32)
+    padded.reshape(n, -1)[:, :count] = correction
+    step = np.abs(padded).max(axis=-1) / 119.0  # [N, blocks]
+    step[step == 0] = 1.0
+    value = np.clip(np.rint(padded / step[..., None]), -119, 119).astype(np.int16) + 136  # 17..255 = 16 hi + lo
+    high, low = (value // 16).astype(np.uint8), (value % 16).astype(np.uint8)
+    q = np.concatenate([high.reshape(n, -1), low.reshape(n, -1)], axis=1)
+    return q, np.concatenate([16 * step, step], axis=1).astype(np.float32)
 
 
 def matmul_initializers(grid: Grid, prefix: str) -> tuple[int, list]:
-    """(K' rows, [data, scales, zero points] TensorProtos) of one MatMulNBits holding ``grid``; with a correction
-    K' = K + K/32 (the block-sum rows follow the weights)."""
+    """(K' rows, [data, scales] TensorProtos) of one MatMulNBits holding ``grid`` (default zero points); with a
+    correction K' = K + 2 * Cp (``_correction_rows``: the rows the doubled, padded block sums feed)."""
     from onnx import numpy_helper
 
-    q, scale, zero = grid.q, grid.scale, grid.zero
+    default = 8 if grid.bits == 4 else 128
+    if not np.all(grid.zero == default):
+        raise ValueError(f"a carried {grid.bits}-bit grid must use the default zero point {default}")
+    q, scale = grid.q, grid.scale
     if grid.correction is not None:
-        cq, cscale, czero = _correction_rows(grid.correction)
+        cq, cscale = _correction_rows(grid.correction)
         q = np.concatenate([q, cq], axis=1)
         scale = np.concatenate([scale, cscale], axis=1)
-        zero = np.concatenate([zero, czero], axis=1)
-    names = (f"{prefix}_data", f"{prefix}_scales", f"{prefix}_zero_points")
-    arrays = (_pack(q, grid.bits), scale.astype(np.float32), _pack_zero(zero, grid.bits))
+    names = (f"{prefix}_data", f"{prefix}_scales")
+    arrays = (_pack(q, grid.bits), scale.astype(np.float32))
     return q.shape[1], [numpy_helper.from_array(a, n) for a, n in zip(arrays, names)]
 
 
@@ -186,19 +192,27 @@ class _Builder:
         return name
 
     def augmented(self, x: str, k: int, nodes: list) -> str:
-        """``x`` ([..., K], rank 3: batch, new tokens, K) with its K/32 block sums concatenated after it."""
+        """``x`` ([..., K], rank 3: batch, new tokens, K) with its K/32 block sums, padded with zeros to whole blocks
+        of 32, concatenated after it twice (the high- and low-nibble correction rows read the same sums)."""
         from onnx import helper
 
         if x not in self.block_sums:
-            shape = self.const(f"carry_blocks_{k}", [0, 0, k // BLOCK, BLOCK])
+            count = k // BLOCK
+            pad = -(-count // BLOCK) * BLOCK - count
+            shape = self.const(f"carry_blocks_{k}", [0, 0, count, BLOCK])
             axes = self.const("carry_last_axis", [-1])
+            sums = f"{x}_carry_sums"
             nodes += [
                 helper.make_node("Reshape", [x, shape], [f"{x}_carry_blocks"], name=f"{x}_carry_blocks"),
-                helper.make_node("ReduceSum", [f"{x}_carry_blocks", axes], [f"{x}_carry_sums"], keepdims=0,
+                helper.make_node("ReduceSum", [f"{x}_carry_blocks", axes], [sums], keepdims=0,
                                  name=f"{x}_carry_sums"),
-                helper.make_node("Concat", [x, f"{x}_carry_sums"], [f"{x}_carry_augmented"], axis=-1,
-                                 name=f"{x}_carry_augment"),
             ]
+            if pad:
+                pads = self.const(f"carry_pad_{pad}", [0, 0, 0, 0, 0, pad])
+                nodes.append(helper.make_node("Pad", [sums, pads], [f"{sums}_padded"], name=f"{x}_carry_pad"))
+                sums = f"{sums}_padded"
+            nodes.append(helper.make_node("Concat", [x, sums, sums], [f"{x}_carry_augmented"], axis=-1,
+                                          name=f"{x}_carry_augment"))
             self.block_sums[x] = f"{x}_carry_augmented"
         return self.block_sums[x]
 

@@ -339,3 +339,11 @@ def test_full_disk_is_one_line_naming_the_path(tiny_pair_dirs, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"writing the export under {tmp_path}/.out.partial-" in lines[0] and "MB free there" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_carrying_gguf_blocks_from_a_folder_source_is_one_line_before_any_export(tiny_pair_dirs, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("--target", tiny_pair_dirs[0], "--out", out, "--quant", "int4", "--quant-method", "gguf")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "--quant-method gguf carries a GGUF's blocks over" in proc.stderr and "not a .gguf file" in proc.stderr
+    assert not out.exists()

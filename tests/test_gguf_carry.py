@@ -136,11 +136,12 @@ def test_carried_graph_computes_the_gguf_weights(pair):
     assert max(errors) < 6e-3, errors  # symmetric int4 round-to-nearest of the same weights: ~3.5e-2
 
 
-def test_planted_bug_dropping_the_q4k_remainder_fails(pair, monkeypatch):
-    monkeypatch.setattr(gguf_carry, "_correction_rows",
-                        lambda c: (np.full(c.shape, 8, np.uint8), np.ones((c.shape[0], -(-c.shape[1] // 32)),
-                                                                         np.float32),
-                                   np.full((c.shape[0], -(-c.shape[1] // 32)), 8, np.uint8)))
+def test_planted_bug_dropping_the_q4k_minimum_fails(pair, monkeypatch):
+    def no_corrections(correction):
+        rows = 2 * (-(-correction.shape[1] // 32) * 32)
+        return np.full((correction.shape[0], rows), 8, np.uint8), np.ones((correction.shape[0], rows // 32), np.float32)
+
+    monkeypatch.setattr(gguf_carry, "_correction_rows", no_corrections)
     _, _, errors = _carried_error(pair)
     assert max(errors) > 1.5e-2, errors
 
@@ -167,3 +168,16 @@ def test_narrow_rounds_the_wider_types_to_4_bits_but_the_named_weights(pair):
     q_columns = slice(0, 320)  # q and k: still the GGUF's own Q4_K blocks
     error = np.abs(qkv[..., q_columns] - reference[1][..., q_columns]).max() / np.abs(reference[1]).max()
     assert error < 6e-3
+
+
+def test_auto_carries_gguf_sources_and_rounds_the_rest(tmp_path):
+    from specdec.export.bundle import ExportOptions
+
+    both = ExportOptions(target="t.gguf", draft="d.GGUF", out=tmp_path, quant="int4")
+    assert (both.recipe_for("target").method, both.recipe_for("draft").method) == ("gguf-int4", "gguf-int4")
+    mixed = ExportOptions(target="t.gguf", draft="draft-folder", out=tmp_path, quant="int4")
+    assert (mixed.recipe_for("target").method, mixed.recipe_for("draft").method) == ("gguf-int4", "rtn")
+    assert ExportOptions(target="t.gguf", draft=None, out=tmp_path, quant="int8").recipe.method == "rtn"
+    chosen = ExportOptions(target="t.gguf", draft="d.gguf", out=tmp_path, quant="int4", quant_method="gguf",
+                           draft_quant_method="rtn")
+    assert (chosen.recipe_for("target").method, chosen.recipe_for("draft").method) == ("gguf", "rtn")

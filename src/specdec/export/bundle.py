@@ -80,12 +80,19 @@ class ExportOptions:
     # that the int4 bundle stores the table once (tie_model_embeddings; the parity reference is the tied model).
     tie_embeddings: bool = False
     # how int4 weights are chosen (quantize.py: method "rtn" | "rtn-asym" | "k-quant", lm_head bits 4 | 8)
-    quant_method: str = QuantRecipe.method
+    # "auto": gguf-int4 for a model loaded from a .gguf file with --quant int4 (the GGUF's Q4_K blocks kept as they
+    # are, measured in benchmarks/results/2026-12-01-gguf-carry-int4), rtn otherwise
+    quant_method: str = "auto"
     lm_head_bits: int = QuantRecipe.lm_head_bits
-    # the draft's method when it differs (None: quant_method); the draft's accuracy only moves the acceptance rate
+    # the draft's method when it differs (None: quant_method, "auto" judged by the draft's own source)
     draft_quant_method: str | None = None
 
     def __post_init__(self):
+        if self.quant_method == "auto" and self.draft_quant_method is None:
+            object.__setattr__(self, "draft_quant_method", "auto")
+        for name, source in (("quant_method", self.target), ("draft_quant_method", self.draft)):
+            if getattr(self, name) == "auto":
+                object.__setattr__(self, name, auto_quant_method(source, self.quant))
         if self.graph not in ("auto", "fused", "standard"):
             raise ValueError(f"--graph {self.graph!r} is not one of auto, fused, standard")
         fused_ok = self.dtype == "float32" and self.quant != "int4-qdq"
@@ -123,6 +130,11 @@ class ExportOptions:
         if role == "draft" and self.draft_quant_method is not None:
             return QuantRecipe(self.draft_quant_method, self.lm_head_bits)
         return self.recipe
+
+
+def auto_quant_method(source: str | None, quant: str) -> str:
+    """The int4 method "auto" stands for: gguf-int4 for a .gguf file (carried blocks), rtn for anything else."""
+    return "gguf-int4" if quant == "int4" and source and str(source).lower().endswith(".gguf") else "rtn"
 
 
 def tie_model_embeddings(model) -> str:

@@ -48,12 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-block-size", type=int, default=None,
                         help="draft: weights per quantization scale (default 128: a faster draft; its accuracy "
                              "only moves the acceptance rate, never the output)")
-    parser.add_argument("--quant-method", default=None, choices=list(QUANT_METHODS),
-                        help=f"--quant int4: how the 4-bit weights are chosen (default {QuantRecipe.method}): rtn = "
-                             "symmetric round-to-nearest; rtn-asym = min/max with zero points; k-quant = llama.cpp's "
-                             "k-quant scale/min search with zero points; gguf = a GGUF source's own blocks carried "
-                             "over (Q4_K as 4-bit, Q5_0/Q6_K/Q8_0 as 8-bit: the GGUF's weights, docs/bundle.md)")
-    parser.add_argument("--draft-quant-method", default=None, choices=list(QUANT_METHODS),
+    parser.add_argument("--quant-method", default=None, choices=["auto", *QUANT_METHODS],
+                        help="--quant int4: how the 4-bit weights are chosen (default auto: gguf-int4 for a .gguf "
+                             "source, rtn otherwise): rtn = symmetric round-to-nearest; rtn-asym = min/max with zero "
+                             "points; k-quant = llama.cpp's k-quant scale/min search; gguf = a GGUF source's own "
+                             "blocks carried over (Q4_K as 4-bit, Q5_0/Q6_K/Q8_0 as 8-bit: the GGUF's weights); "
+                             "gguf-int4 = Q4_K carried, wider types rounded to 4 bits (docs/bundle.md)")
+    parser.add_argument("--draft-quant-method", default=None, choices=["auto", *QUANT_METHODS],
                         help="--quant int4: the draft's method when it should differ from --quant-method")
     parser.add_argument("--lm-head-bits", type=int, default=None, choices=list(LM_HEAD_BITS),
                         help=f"--quant int4: bits of the output projection (default {QuantRecipe.lm_head_bits})")

@@ -254,3 +254,17 @@ def test_the_first_token_of_a_default_request_never_waits_for_the_draft():
     list(stream)
     expected = decoder.fork().generate(prompt_ids, max_new_tokens=40, num_draft_tokens=0)
     assert stream.token_ids == expected.token_ids
+
+
+def test_the_first_round_of_a_default_request_is_a_one_token_pass():
+    """A warm turn's first token comes after one one-token pass (as target-only's), not after a wide suffix tree
+    verify; later rounds speculate. Planted: a first round that proposes fails (the prompt repeats, so the suffix
+    tree is there to take)."""
+    decoder = scripted_decoder(eos=None)
+    prompt_ids = [(j * 5 + j // 7) % 15 for j in range(60)]
+    stream = decoder.stream(prompt_ids, max_new_tokens=40)
+    next(stream)
+    assert stream.stats.rounds == 1 and stream.stats.proposed == 0 and stream.stats.target_forwards == 2
+    list(stream)
+    assert stream.stats.suffix_rounds > 0
+    assert stream.token_ids == decoder.fork().generate(prompt_ids, max_new_tokens=40, num_draft_tokens=0).token_ids

@@ -1,4 +1,5 @@
-"""Quantization method ``gguf``: the float graph's weights carried over from the GGUF they were dequantized from.
+"""Quantization methods ``gguf`` / ``gguf-int4``: the float graph's weights carried over from the GGUF they were
+dequantized from.
 
 A model exported from a GGUF holds float32 copies of the GGUF's dequantized tensors. Quantizing those again
 (round-to-nearest int4) stacks a second rounding on the first: measured on the Qwen2.5-Coder pair, perplexity
@@ -15,7 +16,9 @@ embedding are found in the GGUF by value and written from the GGUF's own blocks 
 - 8-bit grids (Q5_0, Q8_0, Q6_K) become an 8-bit MatMulNBits (block 32);
 - a weight whose columns mix 4- and 8-bit tensors (QKV where v is Q6_K) becomes one MatMulNBits per run of
   columns and a Concat;
-- the embedding becomes a GatherBlockQuantized of the same grid (plus a Gather of the corrections).
+- the embedding becomes a GatherBlockQuantized of the same grid (plus a Gather of the corrections);
+- ``gguf-int4`` (``narrow``): 8-bit grids are rounded to 4 bits instead (but the named ``wide_weights``), so a
+  token reads about the bytes of plain int4 while Q4_K tensors keep the GGUF's values.
 
 Where a tensor is not found (another source, a type not in ``gguf_blocks.KINDS``), it is left as it is and the
 caller's generic quantization takes it.

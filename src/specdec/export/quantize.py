@@ -22,12 +22,12 @@ benchmarks/results/2026-12-01-quality-int4/):
   quantized here in row chunks so the search's temporaries stay small. Zero points cost 4 bits per block
   (block 32: 5.125 bits per weight instead of 5.0) and no measurable time in MatMulNBits.
   Not offered: onnxruntime's HQQ writes float zero points, which its CPU MatMulNBits runs through a
-  dequantizing fallback (~50x slower per pass in a 1536 x 8960 microbenchmark); the GGUF's Q4_K blocks
-  cannot be carried over exactly for the same reason (their per-block minimum divided by the scale is not
-  an integer zero point).
+  dequantizing fallback (~50x slower per pass in a 1536 x 8960 microbenchmark). A Q4_K block's minimum is
+  not a whole number of steps, so it is no integer zero point either: ``gguf`` carries it another way.
 - ``gguf``: for a model exported from a GGUF file, its weights written from the GGUF's own blocks instead of
-  quantized again (``gguf_carry.py``: Q4_K as 4-bit with zero points and a per-block correction, Q5_0 / Q8_0 /
-  Q6_K as 8-bit; within float32 rounding of the GGUF's weights, Q6_K within 1/8 of its step where not exact);
+  quantized again (``gguf_carry.py``: Q4_K as 4-bit with the default zero point and a per-block correction
+  through extra rows fed by the activation's block sums, within 1/30 of a Q4_K step; Q5_0 / Q8_0 exactly and
+  Q6_K within 1/8 of its step as 8-bit);
   a weight not found in the GGUF falls back to ``rtn``. The lm_head keeps its GGUF type (Q6_K / Q8_0: 8-bit).
   ``gguf-int4``: the same, but the tensors the GGUF holds in more than 4 bits are rounded to 4 bits (symmetric,
   block 32) except the lm_head with ``--lm-head-bits 8``: fewer bytes per token, for a faster draft.

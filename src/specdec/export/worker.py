@@ -61,6 +61,7 @@ def _quiet_third_party() -> None:
     warnings.filterwarnings("ignore")
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["TQDM_DISABLE"] = "1"  # read when tqdm is imported: transformers' GGUF loader's bar has no switch
     for name in ("onnxscript", "transformers", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # torch configures its own loggers' levels when imported: a filter on the logger that warns survives that

@@ -297,6 +297,22 @@ def test_worker_failures_come_back_as_one_line():
         run_isolated(os._exit, 3)
 
 
+def _draw_a_progress_bar() -> int:
+    from tqdm.auto import tqdm
+
+    for _ in tqdm(range(3), desc="third-party bar"):  # as transformers' GGUF loader draws one, with no switch
+        pass
+    return 7
+
+
+def test_export_workers_draw_no_third_party_progress_bars(capfd, monkeypatch):
+    """A planted bug (the worker's TQDM_DISABLE taken out) makes the bar appear."""
+    pytest.importorskip("tqdm")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert run_isolated(_draw_a_progress_bar) == 7
+    assert "third-party bar" not in capfd.readouterr().err
+
+
 def test_vocabulary_mismatch_is_found_before_any_export(tiny_pair_dirs, tmp_path):
     draft = _copy_model(tiny_pair_dirs[1], tmp_path / "draft")
     config = json.loads((draft / "config.json").read_text())

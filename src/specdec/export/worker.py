@@ -9,7 +9,9 @@ parent takes its worker with it (Linux PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import traceback
 
 from specdec.export.sources import SourceError
@@ -61,7 +63,6 @@ def _quiet_third_party() -> None:
     warnings.filterwarnings("ignore")
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["TQDM_DISABLE"] = "1"  # read when tqdm is imported: transformers' GGUF loader's bar has no switch
     for name in ("onnxscript", "transformers", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # torch configures its own loggers' levels when imported: a filter on the logger that warns survives that
@@ -111,6 +112,21 @@ def _worker_main(connection, function, args) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def _quiet_environment():
+    """TQDM_DISABLE in the environment the worker starts with: tqdm reads it when first imported, which in the
+    worker happens while the arguments are unpickled (gguf imports it), before ``_worker_setup``; transformers'
+    GGUF loader's bar has no switch of its own. The parent's environment is restored once the worker started."""
+    if os.environ.get("SPECDEC_DEBUG") or "TQDM_DISABLE" in os.environ:
+        yield
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
+
+
 def run_isolated(function, *args):
     """Run ``function(*args)`` in a fresh process and return its result (see the module docstring).
 
@@ -122,7 +138,8 @@ def run_isolated(function, *args):
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     worker = context.Process(target=_worker_main, args=(send, function, args), name="specdec-export-worker")
-    worker.start()
+    with _quiet_environment():
+        worker.start()
     send.close()
     try:
         try:

@@ -67,6 +67,24 @@ def test_grid_values_equal_the_gguf_dequantization(kind):
     assert grid.q.max() < 2 ** grid.bits
 
 
+def _plain_rtn_error(values: np.ndarray) -> np.ndarray:
+    """[rows, blocks] squared error of round-to-nearest at max |w| / 7 (what the search must never lose to)."""
+    blocks = values.reshape(values.shape[0], -1, gguf_blocks.BLOCK)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / 7
+    scale[scale == 0] = 1.0  # an all-zero block (Q6_K sub-block scales of 0)
+    return ((blocks - np.clip(np.rint(blocks / scale), -8, 7) * scale) ** 2).sum(axis=-1)
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q8_0", "Q6_K"])
+def test_rounding_to_4_bits_is_symmetric_round_to_nearest(kind):
+    """Each block at max |w| / 7 with zero point 8 (the rounding measured best, gguf_blocks.rounded_to_4_bits)."""
+    grid = gguf_blocks.grid_of(raw_blocks(kind, 64, K, 3), kind)
+    rounded = gguf_blocks.rounded_to_4_bits(grid)
+    assert rounded.bits == 4 and rounded.q.max() <= 15 and rounded.q.min() >= 1 and (rounded.zero == 8).all()
+    error = ((rounded.values() - grid.values()).reshape(64, -1, gguf_blocks.BLOCK) ** 2).sum(axis=-1)
+    np.testing.assert_allclose(error, np.nan_to_num(_plain_rtn_error(grid.values())), rtol=1e-4, atol=1e-12)
+
+
 def _write_gguf(path, tensors: dict) -> None:
     writer = gguf.GGUFWriter(str(path), "llama")
     for name, (kind, data) in tensors.items():

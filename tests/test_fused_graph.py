@@ -63,6 +63,35 @@ def test_verify_rows_equal_one_token_passes_bit_for_bit(both_forms):
         assert report == {"logits": 0.0, "kv": 0.0}, (arch, form, report)
 
 
+def test_a_prefill_chunk_computes_only_its_last_rows_logits(both_forms, monkeypatch):
+    """``last_logits_only``: the KV rows bit for bit those of a full pass and the last row's logits the same (to
+    float rounding), in both forms; the fused graph binds one logit row, so its lm_head runs on one row, and the
+    standard form (no ``logit_rows`` input) slices a full pass. A planted bug (the fused runner asking for the
+    first row instead of the last) fails the logits check."""
+    from specdec.contract.manifest import LOGIT_ROWS
+
+    arch, bundles = both_forms
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, 60, 13)]
+    for form, bundle in bundles.items():
+        full, last = _runner(bundle), _runner(bundle)
+        assert full.spec.has_input(LOGIT_ROWS) == (form == "fused")
+        for runner in (full, last):
+            runner.forward(ids[:4], range(4))
+            runner.commit(4)
+        reference = full.forward(ids[4:], range(4, 13))[-1].copy()
+        got = last.forward(ids[4:], range(4, 13), last_logits_only=True)
+        assert got.shape == (1, full.logits_width)
+        np.testing.assert_allclose(got[0], reference, atol=TOLERANCE, err_msg=f"{arch} {form}")
+        full.commit(9)
+        last.commit(9)
+        assert np.array_equal(full._kv_rows(13), last._kv_rows(13)), (arch, form)
+    fused = _runner(bundles["fused"])
+    monkeypatch.setattr(fused, "_logit_rows", np.zeros_like(fused._logit_rows))  # every row asks for row 0
+    np.testing.assert_raises(AssertionError, np.testing.assert_allclose,
+                             fused.forward(ids, range(13), last_logits_only=True)[0], _runner(bundles["fused"])
+                             .forward(ids, range(13))[-1], atol=TOLERANCE)
+
+
 def test_fused_graph_has_one_attention_node_per_layer_and_no_past_concat(both_forms):
     """The fused graph: one GroupQueryAttention per layer, the only consumer of the cache; fewer nodes."""
     arch, bundles = both_forms
@@ -299,7 +328,10 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
     model = onnx.load(str(tmp_path / "b/target/model.onnx"))
     graph = model.graph
     ops = collections.Counter(n.op_type for n in graph.node)
-    assert ops["MatMul"] == 0 and ops["Gemm"] == 0 and ops["Gather"] == 0 and ops["GatherBlockQuantized"] == 1
+    assert ops["MatMul"] == 0 and ops["Gemm"] == 0 and ops["GatherBlockQuantized"] == 1
+    # the one Gather left picks the logit rows of the hidden states before the lm_head (contract: logit_rows)
+    constants = {t.name for t in graph.initializer}
+    assert [n.input[0] in constants for n in graph.node if n.op_type == "Gather"] == [False]
     vocab, hidden = 128, 64
     assert not [t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [vocab, hidden]]
     gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")

@@ -35,8 +35,9 @@ writing one preallocated cache per layer in place; the past is never concatenate
 | sliding_attention_bias (optional) | in  | float32        | [batch, 1, new_tokens, total_tokens] |
 | seqlens_k                         | in  | int32          | [batch]  (= total_tokens - 1)        |
 | total_sequence_length             | in  | int32          | []       (= past + new)              |
+| logit_rows (optional)             | in  | int64          | [logit_rows]                         |
 | past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, kv_heads, slots, head_dim]   |
-| logits                            | out | float32        | [batch, new_tokens, vocab]           |
+| logits                            | out | float32        | [batch, logit_rows, vocab]           |
 | present.{i}.key / present.{i}.value | out | kv dtype     | [batch, kv_heads, slots, head_dim]   |
 
 ``past.{i}.*`` and ``present.{i}.*`` are bound to the same buffer of ``slots = max_context +
@@ -47,7 +48,11 @@ real row sees, because onnxruntime's one-row kernel rounds differently from its 
 one); nothing else is touched. The bias is
 0 where the boolean mask above is True and the float32 minimum elsewhere (a tree, hidden
 past slots, the sliding window); GroupQueryAttention also applies its own causal mask by
-slot, which every tree satisfies (parents come before children).
+slot, which every tree satisfies (parents come before children). ``logit_rows`` (fused graphs
+exported since 2026-12-01) names the new rows whose logits are computed, in order: all of them
+(0 .. T-1) for a verify pass, only the last for a prefill chunk, whose other rows' logits nobody
+reads (the lm_head is about a sixth of a 1.5B model's multiply-adds per row). Without it, logits
+has one row per new token.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ TENSOR_DTYPES = ("bool", "int32", "int64", "float32", "float16", "bfloat16")  # 
 MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights and KV cache
 QUANTS = ("none", "int4", "int8", "int4-qdq")
 LOGITS_DTYPE = "float32"  # the runtime binds a float32 logits buffer
+LOGIT_ROWS = "logit_rows"  # fused graphs' optional input: which new rows get logits (module docstring)
 # onnxruntime's element type strings (NodeArg.type) for the numpy names above
 ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
              "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
@@ -156,6 +162,9 @@ class ModelSpec:
             raise BundleError(f"manifest.json: {prefix} graph form {self.graph!r} with KV layout {self.kv_layout!r} "
                               f"is not one of {sorted(KV_LAYOUTS.items())}")
         _check_geometry(self)
+
+    def has_input(self, name: str) -> bool:
+        return any(spec.name == name for spec in self.inputs)
 
     @property
     def has_sliding_mask(self) -> bool:
@@ -428,8 +437,9 @@ def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size
     ]
     if sliding:
         inputs.append(TensorSpec("sliding_attention_bias", "float32", bias_shape))
-    inputs += [TensorSpec("seqlens_k", "int32", ("batch",)), TensorSpec("total_sequence_length", "int32", ())]
-    outputs = [TensorSpec("logits", "float32", ("batch", "new_tokens", vocab_size))]
+    inputs += [TensorSpec("seqlens_k", "int32", ("batch",)), TensorSpec("total_sequence_length", "int32", ()),
+               TensorSpec(LOGIT_ROWS, "int64", (LOGIT_ROWS,))]
+    outputs = [TensorSpec("logits", "float32", ("batch", LOGIT_ROWS, vocab_size))]
     for names in fused_kv_names(num_layers):
         inputs += [TensorSpec(names.past_key, kv_dtype, cache_shape), TensorSpec(names.past_value, kv_dtype, cache_shape)]
         outputs += [TensorSpec(names.new_key, kv_dtype, cache_shape), TensorSpec(names.new_value, kv_dtype, cache_shape)]

@@ -275,14 +275,14 @@ class SpeculativeDecoder:
                              request.logprobs or 0)
             plan = None
 
-            def on_pass(role: str, tokens: int, seconds: float) -> None:
+            def on_pass(role: str, tokens: int, seconds: float, all_logits: bool) -> None:
                 if role == "target":
                     stats.verify_seconds += seconds
                     stats.target_forwards += 1
                 else:
                     stats.draft_seconds += seconds
                     stats.draft_forwards += 1
-                if plan is not None:
+                if plan is not None and all_logits:  # what the cost model knows: passes with every row's logits
                     plan.observe_pass(role, tokens, seconds)
 
             target = TimedRunner(self.target, "target", on_pass)

@@ -40,7 +40,7 @@ def catch_up(runner, tokens: list, leave: int = 2) -> None:
     """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass."""
     while runner.length < len(tokens) - leave:
         chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + PREFILL_CHUNK)]
-        runner.forward(chunk, range(runner.length, runner.length + len(chunk)))
+        runner.forward(chunk, range(runner.length, runner.length + len(chunk)), last_logits_only=True)
         runner.commit(len(chunk))
 
 

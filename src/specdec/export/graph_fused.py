@@ -78,7 +78,7 @@ SCRATCH_ROWS = 1  # rows GroupQueryAttention runs beyond the T new tokens (modul
 
 class FusedLM(ExportableLM):
     """forward(input_ids, position_ids, attention_bias, [sliding_attention_bias], seqlens_k,
-    total_sequence_length, *past) -> (logits, *present)."""
+    total_sequence_length, logit_rows, *past) -> (logits of the logit_rows, *present)."""
 
     def __init__(self, hf_model, max_positions: int):
         super().__init__(hf_model)
@@ -100,7 +100,7 @@ class FusedLM(ExportableLM):
             sliding_bias, rest = rest[0], rest[1:]
         else:
             sliding_bias = None
-        seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
+        seqlens_k, total_length, logit_rows, past = rest[0], rest[1], rest[2], rest[3:]
         hidden = self._embed(input_ids, position_ids)
         # what GroupQueryAttention sees: T + 1 rows, the scratch row at the last row's position (never one past
         # it: the rotary tables end at max_positions - 1)
@@ -117,12 +117,12 @@ class FusedLM(ExportableLM):
 
         if torch.onnx.is_in_onnx_export() and self.arch.rms_norm_offset is not None:
             normed, present = self._skip_norm_stack(hidden, attend)
-            logits = self.lm_head(normed).float()
+            logits = self.lm_head(normed.index_select(1, logit_rows)).float()  # only the rows asked for
             if self.final_softcap:
                 logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
             return (logits, *present)
         hidden, present = self._decoder_stack(hidden, attend)
-        return (self._head(hidden), *present)
+        return (self._head(hidden.index_select(1, logit_rows)), *present)
 
     def _skip_norm(self, module, x, residual):
         """(RMSNorm(x + residual), x + residual) as one com.microsoft.SkipSimplifiedLayerNormalization node

@@ -48,10 +48,11 @@ def fused_example_inputs(lm, past_len: int = 3, new_len: int = 4, capacity: int 
     biases = (bias, bias.clone()) if lm.has_sliding_mask else (bias,)
     seqlens_k = torch.tensor([past_len + new_len - 1], dtype=torch.int32)
     total = torch.tensor(past_len + new_len, dtype=torch.int32)
+    logit_rows = torch.tensor([1, 2, 3], dtype=torch.int64)  # 3 of the 4 rows: its own symbolic size
     past = tuple(
         torch.zeros((1, lm.num_kv_heads, capacity, lm.head_dim), dtype=dtype) for _ in range(2 * len(lm.layers))
     )
-    return (input_ids, position_ids, *biases, seqlens_k, total, *past)
+    return (input_ids, position_ids, *biases, seqlens_k, total, logit_rows, *past)
 
 
 def export_model(hf_model, role: str, out_dir: Path, special: dict, dtype: str, graph: str = "standard") -> ModelSpec:
@@ -67,7 +68,8 @@ def export_model(hf_model, role: str, out_dir: Path, special: dict, dtype: str, 
         lm = FusedLM(hf_model, max_positions).eval()
         io, names, args = fused_graph_io, fused_kv_names, fused_example_inputs(lm)
         bias_dims = {0: auto, 2: auto, 3: auto}
-        rest = [bias_dims] * lm.has_sliding_mask + [{0: auto}, {}] + [{0: auto, 2: auto}] * (2 * len(lm.layers))
+        rest = ([bias_dims] * lm.has_sliding_mask + [{0: auto}, {}, {0: auto}]
+                + [{0: auto, 2: auto}] * (2 * len(lm.layers)))
         dynamic = ({0: auto, 1: auto}, {0: auto, 1: auto}, bias_dims, tuple(rest))
     else:
         lm = ExportableLM(hf_model).eval()

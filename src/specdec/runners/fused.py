@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.contract.manifest import BundleError, ModelSpec
+from specdec.contract.manifest import LOGIT_ROWS, BundleError, ModelSpec
 from specdec.runners.standard import ModelRunner, _bind, attach_session, providers_for
 from specdec.runners.runner import Runner
 
@@ -70,6 +70,8 @@ class FusedRunner(Runner):
         self._seqlens = np.zeros(1, dtype=np.int32)
         self._total = np.zeros((), dtype=np.int32)
         self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
+        # graphs with a logit_rows input compute logits only for the rows asked for (contract/manifest.py)
+        self._logit_rows = np.arange(max_step_tokens, dtype=np.int64) if spec.has_input(LOGIT_ROWS) else None
         self._binding = self.session.io_binding()
         cache_shape = [1, spec.num_kv_heads, slots, spec.head_dim]
         for layer, names in enumerate(spec.kv):  # bound once: the same buffer is the past and the present
@@ -99,7 +101,15 @@ class FusedRunner(Runner):
             self._execute(ids, positions, mask, sliding, past, 0)
         return self._logits[: count * self.logits_width].reshape(count, self.logits_width)
 
-    def _execute(self, ids, positions, mask, sliding, past, first_row) -> None:
+    def _run_last(self, ids, positions, mask, sliding, past) -> np.ndarray:
+        """A chain pass that computes only the last row's logits, when the graph can (else all of them)."""
+        if self._logit_rows is None or (past == 0 and len(ids) > 1
+                                        and np.any(positions != positions[0] + np.arange(len(ids)))):
+            return self._run(ids, positions, mask, sliding, past)[-1:]
+        self._execute(ids, positions, mask, sliding, past, 0, last_only=True)
+        return self._logits[: self.logits_width].reshape(1, self.logits_width)
+
+    def _execute(self, ids, positions, mask, sliding, past, first_row, last_only: bool = False) -> None:
         count = len(ids)
         total = past + count
         self._ids[:count] = ids
@@ -109,8 +119,12 @@ class FusedRunner(Runner):
         self._seqlens[0] = total - 1
         self._total[...] = total
         vocab = self.logits_width
-        logits = self._logits[first_row * vocab : (first_row + count) * vocab].reshape(1, count, vocab)
+        rows = 1 if last_only else count
+        logits = self._logits[first_row * vocab : (first_row + rows) * vocab].reshape(1, rows, vocab)
         binding = self._binding
+        if self._logit_rows is not None:
+            _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[count - 1 : count] if last_only
+                  else self._logit_rows[:count])
         _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
         _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
         _bind(binding.bind_input, "attention_bias", bias)

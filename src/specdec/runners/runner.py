@@ -66,6 +66,12 @@ class Runner:
         """Execute one pass: ids/positions [T], mask/sliding [T, past + T]; returns logits [T, logits_width]."""
         raise NotImplementedError
 
+    def _run_last(self, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, sliding: np.ndarray | None,
+                  past: int) -> np.ndarray:
+        """``_run`` for a chain whose last row alone is read: logits [1, logits_width]. A backend whose graph can
+        skip the other rows' logits overrides it."""
+        return self._run(ids, positions, mask, sliding, past)[-1:]
+
     def _move_kv(self, sources: np.ndarray, first_slot: int) -> None:
         raise NotImplementedError
 
@@ -78,11 +84,13 @@ class Runner:
         raise NotImplementedError(f"{type(self).__name__} cannot restore a KV snapshot")
 
     # ------------------------------------------------------------ the protocol
-    def forward(self, tokens, positions, parents=None, visible_past=None) -> np.ndarray:
+    def forward(self, tokens, positions, parents=None, visible_past=None, last_logits_only: bool = False) -> np.ndarray:
         """Run T new tokens after the valid past; returns logits [T, V] (valid until the next call).
 
         tokens, positions: [T] ints. parents: [T] tree parents (-1 = the past); None = a chain.
         visible_past: [T, length] bool, which past slots each new token sees (draft trees); None = all.
+        last_logits_only: a chain whose other rows' logits nobody reads (a prefill chunk): returns [1, V], the
+        last row's, and a graph that can skips the lm_head on the rest. The KV rows are the same either way.
         New KV rows land in slots [length, length + T); ``commit`` keeps some of them.
         """
         count, past = len(tokens), self.length
@@ -100,9 +108,14 @@ class Runner:
         visible = ancestor_matrix(np.asarray(parents)) if parents is not None else _chain_visibility(count)
         fill_masks(mask, sliding, past, visible, self.slot_positions[:past], pos, self.spec.sliding_window,
                    visible_past)
-        logits = self._run(ids, pos, mask, sliding, past)
+        if last_logits_only:
+            if parents is not None or visible_past is not None:
+                raise ValueError("last_logits_only is for chains over the whole past")
+            logits = self._run_last(ids, pos, mask, sliding, past)
+        else:
+            logits = self._run(ids, pos, mask, sliding, past)
         if self.kept_ids is not None:  # a pruned draft: its distribution is exactly zero outside the kept ids
-            logits = expand_logits_into(logits, self.kept_ids, self._full_logits[:count])
+            logits = expand_logits_into(logits, self.kept_ids, self._full_logits[: len(logits)])
         self.slot_positions[past:total] = pos
         self.slot_ids[past:total] = ids
         self.slot_exact[past:total] = True if parents is None and visible_past is None else _chain_rows(visible, visible_past)

@@ -20,7 +20,7 @@ def _tool():
 def test_kernel_curve_prints_one_row_per_kernel(tmp_path, monkeypatch, capsys):
     out = tmp_path / "curve.md"
     monkeypatch.setattr(sys, "argv", ["kernel_curve.py", "--k", "64", "--n", "96", "--layers", "2", "--rows", "1,3",
-                                      "--levels", "1,4", "--blocks", "32", "--repeats", "2", "--threads", "1",
+                                      "--levels", "1,4", "--blocks", "32", "--repeats", "2",
                                       "--out", str(out)])
     assert _tool().main() == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "ms" in line]

@@ -1,7 +1,7 @@
 """How much does onnxruntime's MatMulNBits cost for M rows against one row, on this CPU? (the verify curve's floor)
 
     python tools/kernel_curve.py [--k 1536] [--n 8960] [--rows 1,2,3,4,5,6,8,9,16,32] [--levels 1,4]
-                                 [--blocks 32,128] [--layers 14] [--threads 2] [--out kernel_curve.md]
+                                 [--blocks 32,128] [--layers 14] [--threads N] [--out kernel_curve.md]
 
 A verify pass of T rows reads the same weights as a one-token pass, so if the int4 products were bound by
 weight bandwidth a pass of up to ~8 rows would cost close to one row. This times a stack of MatMulNBits
@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec.bench.bench import cpu_model
+from specdec.runners.standard import session_options  # the runtime's own: its shared thread pool
 
 
 FLOAT_LAYERS = 6  # pairs in the float32 stack: 660 MB (a model proto holds at most 2 GB)
@@ -64,9 +65,7 @@ def _model(nodes: list, k: int, initializers: list) -> bytes:
 
 
 def median_ms(model: bytes, k: int, rows: int, threads: int, repeats: int) -> float:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model, session_options(threads), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
     for _ in range(5):
         session.run(None, {"x": x})
@@ -87,7 +86,7 @@ def main() -> int:
     parser.add_argument("--blocks", default="32,128")
     parser.add_argument("--layers", type=int, default=14,
                         help="K->N->K pairs of products in the stack (default 14: ~190 MB of int4, past any cache)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: one per physical core)")
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--no-float", action="store_true", help="skip the float32 MatMul column")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
@@ -100,7 +99,7 @@ def main() -> int:
         kernels[f"float32 MatMul ({float_layers} pairs)"] = float_model(args.k, args.n, float_layers)
     times = {name: [median_ms(model, args.k, m, args.threads, args.repeats) for m in rows]
              for name, model in kernels.items()}
-    lines = [f"{args.layers} x (K={args.k} -> N={args.n} -> K) products, {args.threads} threads, median of {args.repeats}; "
+    lines = [f"{args.layers} x (K={args.k} -> N={args.n} -> K) products, {args.threads or 'default'} threads, median of {args.repeats}; "
              f"onnxruntime {ort.__version__}, {cpu_model()}, {date.today()}", "",
              "| kernel | " + " | ".join(f"M={m}" for m in rows) + " |", "|---|" + "---|" * len(rows)]
     for name, values in times.items():

@@ -120,6 +120,9 @@ def cmd_demo(args) -> int:
     if args.repeat < 1 or args.max_new_tokens < 1:
         raise ValueError("--repeat and --max-new-tokens must be >= 1")
     bundle = Path(args.bundle) if args.bundle else default_bundle()
+    from specdec.runners.standard import session_options
+
+    session_options(args.threads)  # size the process's thread pool now: the export's checks would size it first
     ensure_bundle(bundle)
     decoder = SpeculativeDecoder.load(bundle, threads=args.threads)
     rows, texts = run_demo(decoder, args.max_new_tokens, args.repeat)

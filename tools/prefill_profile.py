@@ -25,7 +25,7 @@ def prefill_seconds(runner, ids: list, chunk: int) -> float:
     begin = time.perf_counter()
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
-        runner.forward(part, range(start, start + len(part)))
+        runner.forward(part, range(start, start + len(part)), last_logits_only=True)  # as the decoder's catch_up
         runner.commit(len(part))
     return time.perf_counter() - begin
 

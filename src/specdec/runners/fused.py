@@ -72,6 +72,7 @@ class FusedRunner(Runner):
         self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
         # graphs with a logit_rows input compute logits only for the rows asked for (contract/manifest.py)
         self._logit_rows = np.arange(max_step_tokens, dtype=np.int64) if spec.has_input(LOGIT_ROWS) else None
+        self._bound_rows = None  # (start, stop) of _logit_rows bound now
         self._binding = self.session.io_binding()
         cache_shape = [1, spec.num_kv_heads, slots, spec.head_dim]
         for layer, names in enumerate(spec.kv):  # bound once: the same buffer is the past and the present
@@ -122,9 +123,10 @@ class FusedRunner(Runner):
         rows = 1 if last_only else count
         logits = self._logits[first_row * vocab : (first_row + rows) * vocab].reshape(1, rows, vocab)
         binding = self._binding
-        if self._logit_rows is not None:
-            _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[count - 1 : count] if last_only
-                  else self._logit_rows[:count])
+        rows_range = (count - 1, count) if last_only else (0, count)
+        if self._logit_rows is not None and rows_range != self._bound_rows:  # a binding stays until replaced
+            _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])
+            self._bound_rows = rows_range
         _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
         _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
         _bind(binding.bind_input, "attention_bias", bias)

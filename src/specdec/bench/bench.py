@@ -180,9 +180,7 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
         for index, item in enumerate(prompts):
             shift = (index + rep) % len(labels)
             for mode in labels[shift:] + labels[:shift]:
-                decoder.clear_cache()  # every run prefills from token 0: a mode never inherits another's cache
-                if getattr(decoder, "suffix_cache", None) is not None:  # ... nor another run's output to match
-                    decoder.suffix_cache.clear()
+                start_cold(decoder)
                 result = decoder.generate(item["prompt"], max_new_tokens=max_new_tokens, sampling=sampling,
                                           seed=rep, **modes[mode])
                 done += 1
@@ -226,6 +224,14 @@ def _version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def start_cold(decoder) -> None:
+    """Before a timed run: the run prefills from token 0 (no mode inherits another's KV cache) and finds no earlier
+    run's output to match in the suffix store."""
+    decoder.clear_cache()
+    if getattr(decoder, "suffix_cache", None) is not None:
+        decoder.suffix_cache.clear()
 
 
 def cpu_model() -> str | None:

@@ -87,6 +87,7 @@ def _tasks(decoder) -> list:
 def run_demo(decoder, max_new_tokens: int, repeat: int) -> list:
     """Rows of (task, mode, mean tok/s, speedup vs target only, acceptance, same tokens as target only), and the
     target-only text of each task."""
+    from specdec.bench.bench import start_cold
     from specdec.sampling.processors import SamplingConfig
 
     greedy = SamplingConfig(temperature=0.0)
@@ -96,9 +97,7 @@ def run_demo(decoder, max_new_tokens: int, repeat: int) -> list:
         for index in range(repeat + 1):  # run 0 warms up (and calibrates auto's pass costs), untimed
             order = MODES if index % 2 else tuple(reversed(MODES))
             for mode, options in order:
-                decoder.clear_cache()
-                if getattr(decoder, "suffix_cache", None) is not None:
-                    decoder.suffix_cache.clear()
+                start_cold(decoder)  # as the bench's runs: no earlier run's cache or output
                 result = decoder.generate(ids, max_new_tokens=max_new_tokens, sampling=greedy, stop_token_ids=stop,
                                           **options)
                 if index:

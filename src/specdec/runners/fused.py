@@ -44,6 +44,13 @@ def check_fused_provider(spec: ModelSpec, provider: str) -> None:
                           f"export with --graph standard for provider {provider}")
 
 
+def _tree_at_slot_zero(positions: np.ndarray, past: int) -> bool:
+    """A pass with an empty past whose positions are not first, first + 1, ... (a tree): onnxruntime's kernel would
+    take them for a prompt. ``positions``: [T] int64."""
+    count = len(positions)
+    return past == 0 and count > 1 and bool(np.any(positions != positions[0] + np.arange(count)))
+
+
 class FusedRunner(Runner):
     """The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared ``Runner``;
     this class converts the mask to GroupQueryAttention's additive bias, binds and runs."""
@@ -93,7 +100,7 @@ class FusedRunner(Runner):
     def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
         """One pass: ids/positions [T], boolean mask/sliding [T, past + T]; returns logits [T, V]."""
         count = len(ids)
-        if past == 0 and count > 1 and np.any(positions != positions[0] + np.arange(count)):
+        if _tree_at_slot_zero(positions, past):
             # With an empty past, onnxruntime's kernel takes the positions to be first, first + 1, ... (a
             # prompt): a tree at slot 0 runs its root alone, then the rest with the root as a one-slot past.
             self._execute(ids[:1], positions[:1], mask[:1, :1], None if sliding is None else sliding[:1, :1], 0, 0)
@@ -104,8 +111,7 @@ class FusedRunner(Runner):
 
     def _run_last(self, ids, positions, mask, sliding, past) -> np.ndarray:
         """A chain pass that computes only the last row's logits, when the graph can (else all of them)."""
-        if self._logit_rows is None or (past == 0 and len(ids) > 1
-                                        and np.any(positions != positions[0] + np.arange(len(ids)))):
+        if self._logit_rows is None or _tree_at_slot_zero(positions, past):
             return self._run(ids, positions, mask, sliding, past)[-1:]
         self._execute(ids, positions, mask, sliding, past, 0, last_only=True)
         return self._logits[: self.logits_width].reshape(1, self.logits_width)

@@ -95,7 +95,6 @@ class ObservedCosts:
         self.costs = costs
         self.calibrated = costs  # the shape; self.costs = calibrated x the observed scale of each model
         self.target_scale = self.draft_scale = 1.0
-        self.draft_seen = False  # until a draft pass runs, the draft's scale follows the target's
         self.decay = decay
 
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
@@ -105,15 +104,9 @@ class ObservedCosts:
         if role == "target" and 1 <= tokens <= len(calibrated.verify):
             ratio = seconds / calibrated.verify[tokens - 1]
             self.target_scale = keep * self.target_scale + (1 - keep) * ratio
-            if not self.draft_seen:
-                # both models' passes get cheaper or dearer together (a shorter context, a busy machine): an
-                # unseen draft keeps its calibrated ratio to the target, or target-only rounds at a short
-                # context would make the draft look dear, and it would never run to show otherwise
-                self.draft_scale = self.target_scale
         elif role == "draft" and 1 <= tokens <= 2 and calibrated.draft_step > 0:
             ratio = seconds / calibrated.draft_step
             self.draft_scale = keep * self.draft_scale + (1 - keep) * ratio
-            self.draft_seen = True
         else:
             return
         self.costs = Costs(calibrated.draft_step * self.draft_scale,
@@ -125,26 +118,19 @@ class AutoDraftLength:
 
     The estimate is the maximum-likelihood rate of the geometric acceptance model over
     exponentially decayed counts: accepted / (accepted + rejections). When the bound says
-    speculation loses, rounds run target-only and a probe round at g=1 refreshes the estimate
-    (acceptance changes along a text: code vs prose): the first after ``probe_first`` rounds,
-    each further one twice as late, up to every ``probe_every`` rounds, and back to
-    ``probe_first`` once speculation pays again. An estimate knocked down by one early rejection
-    recovers within a few rounds, and a probe costs little where the draft loses (a g=1 round
-    costs about what it gains at the acceptance where it stops paying). The costs follow the
-    passes the request actually runs (``ObservedCosts``).
+    speculation loses, rounds run target-only and every ``probe_every`` rounds one probe
+    round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
+    The costs follow the passes the request actually runs (``ObservedCosts``).
     """
 
     def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
-                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8,
-                 probe_first: int = 4):
+                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8):
         self.observed = ObservedCosts(costs, cost_decay)
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted = prior_acceptance * prior_weight
         self.rejected = (1.0 - prior_acceptance) * prior_weight
         self.decay = decay
         self.probe_every = probe_every
-        self.probe_first = min(probe_first, probe_every)
-        self.probe_wait = self.probe_first  # target-only rounds before the next probe
         self.min_gain = min_gain  # speculation must promise at least this ratio to be tried
         self.rounds_without_draft = 0
         self.probing = False  # the latest choose() is a probe round: g=1 to refresh the estimate
@@ -159,12 +145,10 @@ class AutoDraftLength:
         self.probing = False
         if gamma > 0 and speedup >= self.min_gain:
             self.rounds_without_draft = 0
-            self.probe_wait = self.probe_first
             return gamma
         self.rounds_without_draft += 1
-        if self.rounds_without_draft >= self.probe_wait:
+        if self.rounds_without_draft >= self.probe_every:
             self.rounds_without_draft = 0
-            self.probe_wait = min(2 * self.probe_wait, self.probe_every)
             self.probing = True
             return 1
         return 0

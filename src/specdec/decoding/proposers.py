@@ -25,13 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts, expected_tokens_per_round
+from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts
 from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
 from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache, SuffixTree, cost_cut
 
-DRAFT_HORIZON_TOKENS = 64  # auto hybrid (suffix | draft): the draft's catch-up pass is spread over this many tokens
-DRAFT_HELD_BACK_ROUNDS = 4  # auto hybrid: rounds the draft may lose by its catch-up alone before it runs anyway
+DRAFT_CATCH_UP_ROUNDS = 4  # auto hybrid (suffix | draft): the draft's catch-up pass charged over this many rounds
 # auto lookup: prior acceptance per matched n-gram size (a longer match predicts its continuation better)
 LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
 
@@ -95,7 +94,6 @@ class ProposalPlan:
         self.history = np.zeros(max_context if self.uses_lookup else 0, dtype=np.int64)  # lookup's copy of tokens
         self.filled = 0
         self.rounds = 0  # rounds played so far in this request
-        self.draft_held_back = 0  # consecutive rounds the draft lost by its catch-up pass alone
 
     def propose(self, tokens: list, budget: int, draft_lag: int = 0, room: int = MAX_SUFFIX_NODES) -> Proposal:
         """This round's proposal. ``draft_lag``: committed tokens the draft model has not read yet; ``room``:
@@ -150,34 +148,15 @@ class ProposalPlan:
             tree = cost_cut(tree, costs.verify_cost, pending)
         suffix_rate = tree.expected_tokens / costs.verify_cost(pending + len(tree.tokens)) if tree is not None else 0.0
         if gamma > 0:
-            catch_up = self.draft_catch_up_per_round(gamma, draft_lag, budget)
-            best_other = max(suffix_rate, 1.0 / costs.verify_cost(1))
+            # the catch-up pass is paid once, then the draft runs on: spread over DRAFT_CATCH_UP_ROUNDS rounds
+            catch_up = self.model_auto.draft_catch_up(draft_lag) / DRAFT_CATCH_UP_ROUNDS
             # a probe round runs whatever the estimates say: it is how a pessimistic estimate recovers
-            if self.model_auto.probing or self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > best_other:
-                self.draft_held_back = 0
+            if self.model_auto.probing or self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
+                    suffix_rate, 1.0 / costs.verify_cost(1)):
                 return Proposal("draft", gamma)
-            if self.model_auto.tokens_per_second(gamma) > best_other:
-                # only the catch-up holds the draft back, and it grows while the draft waits: after a few such
-                # rounds the draft runs (and pays it) so that its real acceptance, not the prior, decides
-                self.draft_held_back += 1
-                if self.draft_held_back >= DRAFT_HELD_BACK_ROUNDS:
-                    self.draft_held_back = 0
-                    return Proposal("draft", gamma)
         if tree is not None and tree.tokens:
             return Proposal("suffix", len(tree.tokens), tree=tree)
         return NO_PROPOSAL
-
-    def draft_catch_up_per_round(self, gamma: int, draft_lag: int, budget: int) -> float:
-        """The draft's catch-up pass over ``draft_lag`` unread tokens, charged to each round of draft chains
-        that follow it: it is paid once, and the draft then runs on for the rest of the request, so it is spread
-        over the rounds of the next min(budget, DRAFT_HORIZON_TOKENS) tokens. (Spread over a fixed few rounds it
-        outweighs any chain after a lazily skipped prompt, and the draft, never run, never catches up.)"""
-        catch_up = self.model_auto.draft_catch_up(draft_lag)
-        if catch_up == 0.0:
-            return 0.0
-        horizon = max(min(budget, DRAFT_HORIZON_TOKENS), 1)
-        rounds = max(horizon / expected_tokens_per_round(self.model_auto.acceptance, gamma), 1.0)
-        return catch_up / rounds
 
     def observe_suffix(self, tree: SuffixTree, path: list) -> None:
         """A verified suffix round: ``path`` = its accepted node indices (the confidence calibration learns)."""

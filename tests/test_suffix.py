@@ -227,7 +227,8 @@ def test_planted_bug_in_tree_compaction_fails_greedy_identity(monkeypatch):
     original = Runner.keep_path
 
     def planted(self, sources, first_slot):  # the first rows of the tree kept, not the accepted path's
-        return original(self, list(range(first_slot, first_slot + len(sources))), first_slot)
+        original(self, list(range(first_slot, first_slot + len(sources))), first_slot)
+        self.slot_exact[first_slot : first_slot + len(sources)] = True  # and claimed chain rows: none given back
 
     monkeypatch.setattr(Runner, "keep_path", planted)
     try:
@@ -235,3 +236,30 @@ def test_planted_bug_in_tree_compaction_fails_greedy_identity(monkeypatch):
     except AssertionError:  # the scripted runner saw a sequence no causal LM could
         return
     assert planted_run != base
+
+
+def test_a_path_through_a_second_child_stays_reusable_by_the_next_request(monkeypatch):
+    """A suffix tree whose accepted path is a second child: that node's row skipped its first sibling (not a chain
+    row), so it is never offered to another request. Its rows are given back and recomputed as chain rows by the
+    next pass, so the next turn reuses the whole prompt and output (all but the last token, never computed). The
+    output is unchanged. Planted: without giving them back the cache ends at the prompt."""
+    from specdec.runners.runner import Runner
+
+    def reused() -> tuple:
+        decoder = scripted_decoder(with_draft=False, eos=99)
+        prompt = [1, 2, 3]
+        base = decoder.generate(prompt, max_new_tokens=12, num_draft_tokens=0).token_ids
+        wrong = (base[0] + 1) % 15
+        decoder.suffix_cache = SuffixCache(1 << 16)
+        for piece in ([2, 3, wrong, 5, 6], [2, 3, wrong, 5, 6], [2, 3] + base):
+            decoder.suffix_cache.add(piece)
+        decoder.clear_cache()
+        result = decoder.generate(prompt, max_new_tokens=12, proposer="suffix", num_draft_tokens=8)
+        assert result.token_ids == base and result.stats.tree_nodes > 0
+        held = prompt + result.token_ids
+        return decoder.cached_prefix(held), len(held)
+
+    cached, total = reused()
+    assert cached == total - 1
+    monkeypatch.setattr(Runner, "first_inexact", lambda self, start: None)
+    assert reused()[0] == 3

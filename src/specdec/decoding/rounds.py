@@ -36,6 +36,9 @@ class Round:
     accepted: int
 
 
+REFEED_ROWS = 8  # a verify pass feeds up to this many committed tokens its target lacks (rows given back by a tree)
+
+
 def catch_up(runner, tokens: list, leave: int = 2) -> None:
     """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass."""
     while runner.length < len(tokens) - leave:
@@ -71,7 +74,7 @@ def chain_round(target, draft, state: RequestState, rule: TokenRule, proposal: P
     else:
         proposals = list(proposal.tokens)
         draft_dists = rule.sampled_rows(proposals, state.vocab_size)
-    catch_up(target, tokens)
+    catch_up(target, tokens, leave=REFEED_ROWS)
     feed = tokens[target.length :] + proposals
     logits = target.forward(feed, range(target.length, target.length + len(feed)))
     rows = logits[len(feed) - len(proposals) - 1 :]  # [gamma + 1, V]
@@ -155,7 +158,7 @@ def verify_tree(target, state: RequestState, rule: TokenRule, tree: DraftTree) -
     """Verify ``tree`` (children of the pending token and their descendants) in ONE target pass, accept one
     path, and compact the target's cache to it. Returns (accepted node indices, recovered or bonus token)."""
     tokens = state.tokens
-    catch_up(target, tokens)
+    catch_up(target, tokens, leave=REFEED_ROWS)
     prefix = tokens[target.length :]
     start = target.length
     root_row = len(prefix) - 1
@@ -176,6 +179,12 @@ def verify_tree(target, state: RequestState, rule: TokenRule, tree: DraftTree) -
     # KV compaction: the accepted path's rows move next to the committed ones; nothing else moves
     target_first = start + len(prefix)
     target.keep_path([target_first + n for n in path], target_first)
+    redo = target.first_inexact(target_first)
+    if redo is not None:
+        # a node that skipped an earlier sibling saw a mask other than a chain's: its row is never offered to a
+        # later request (Runner.held_prefix), so a chat's next turn would compute everything from it again.
+        # Give such rows back: the next pass recomputes them as chain rows, beside its own proposals
+        target.truncate(redo)
     return path, next_token
 
 

@@ -189,6 +189,12 @@ class Runner:
         same = (self.slot_ids[:count] == ids) & (self.slot_positions[:count] == np.arange(count)) & self.slot_exact[:count]
         return count if same.all() else int(np.argmin(same))
 
+    def first_inexact(self, start: int) -> int | None:
+        """The first slot from ``start`` on that a tree node's row wrote (not offered to other requests: see
+        ``held_prefix``), or None."""
+        bad = np.flatnonzero(~self.slot_exact[start : self.length])
+        return start + int(bad[0]) if len(bad) else None
+
     def fork(self) -> "Runner":
         """A runner on the same weights with its own cache (for concurrent requests)."""
         raise ValueError(f"{type(self).__name__} cannot be forked: serve one request at a time on this backend")

@@ -42,5 +42,8 @@ class TimedRunner:
     def held_prefix(self, token_ids) -> int:
         return self.runner.held_prefix(token_ids)
 
+    def first_inexact(self, start: int) -> int | None:
+        return self.runner.first_inexact(start)
+
     def reset(self) -> None:
         self.runner.reset()

@@ -40,6 +40,30 @@ def test_options_validated():
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}}
 
 
+def test_ctrl_c_while_deploying_stops_cleanly(monkeypatch):
+    """Ctrl-C can land while ``serve.run`` still waits for the deployment (its replicas may already answer): it
+    stops the server alike, removing the half-deployed application, exit 0. Planted: the interrupt escaped
+    (exit 130, the application left behind)."""
+    import ray
+    from ray import serve
+
+    from specdec.serving import ray_serve
+
+    deleted = []
+
+    def interrupted(options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_serve, "start", interrupted)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(serve, "delete", deleted.append)
+    try:
+        code = ray_serve.serve_on_ray(ray_serve.RayOptions(bundle="b", model_name="m"))
+    except KeyboardInterrupt:  # not re-raised into pytest, which would stop the whole run
+        pytest.fail("Ctrl-C while deploying escaped serve_on_ray")
+    assert code == 0 and deleted == [ray_serve.APP_NAME]
+
+
 def test_two_replicas_answer_like_the_decoder(chat_bundle):
     """`specdec serve --ray --replicas 2` on a local Ray instance (node address 127.0.0.1, dashboard and usage
     statistics off): both replicas answer the OpenAI routes, greedy answers equal dec.generate / chat, and

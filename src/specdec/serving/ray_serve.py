@@ -133,20 +133,28 @@ def start(options: RayOptions, **local):
 
 
 def serve_on_ray(options: RayOptions) -> int:
-    """``specdec serve --ray``: deploy, then block until Ctrl-C, then remove the application."""
+    """``specdec serve --ray``: deploy, then block until Ctrl-C, then remove the application. Ctrl-C while it
+    deploys (``serve.run`` waits until every replica is up, which can be after they answer) stops it alike."""
     import time
 
-    start(options)
+    _local_environment(options.address)  # before Ray is imported
+    import ray
     from ray import serve
+    from ray.serve.exceptions import RayServeException
 
-    log.info("serving %s on Ray Serve at http://%s:%d/v1 (%s replicas); Ctrl-C stops", options.model_name,
-             options.host, options.port,
-             f"{options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''}")
     try:
+        start(options)
+        log.info("serving %s on Ray Serve at http://%s:%d/v1 (%s replicas); Ctrl-C stops", options.model_name,
+                 options.host, options.port,
+                 f"{options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''}")
         while True:
             time.sleep(1.0)
     except KeyboardInterrupt:
         pass
     finally:
-        serve.delete(APP_NAME)
+        if ray.is_initialized():  # connected: remove the application, deployed or half-deployed
+            try:
+                serve.delete(APP_NAME)
+            except RayServeException:  # Serve had not started yet: nothing to remove
+                pass
     return 0

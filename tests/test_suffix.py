@@ -208,12 +208,9 @@ def test_planted_bug_keeping_a_rejected_childs_mass_fails_the_distribution_test(
     assert chi_square_pvalue(stat_suffix_decoder, SUFFIX_STAT_MODE, "rejection", runs=SUFFIX_RUNS) < 1e-4
 
 
-def test_planted_bug_in_tree_compaction_fails_greedy_identity(monkeypatch):
-    """Negative control for the identity tests: a store whose likeliest continuation is wrong and whose second
-    is the target's own makes the accepted path a second child; keeping the tree's first rows instead of the
-    accepted path's (no compaction) then changes the output or is caught by the runner."""
-    from specdec.runners.runner import Runner
-
+def _second_child_store():
+    """(decoder, prompt, target-only output): a suffix store whose likeliest continuation of the prompt is wrong and
+    whose second is the target's own, so a suffix request accepts a path through a second child."""
     decoder = scripted_decoder(with_draft=False, eos=99)  # no EOS: rows kept wrongly are read later
     prompt = [1, 2, 3]
     base = decoder.generate(prompt, max_new_tokens=12, num_draft_tokens=0).token_ids
@@ -221,6 +218,16 @@ def test_planted_bug_in_tree_compaction_fails_greedy_identity(monkeypatch):
     decoder.suffix_cache = SuffixCache(1 << 16)
     for piece in ([2, 3, wrong, 5, 6], [2, 3, wrong, 5, 6], [2, 3] + base):
         decoder.suffix_cache.add(piece)
+    return decoder, prompt, base
+
+
+def test_planted_bug_in_tree_compaction_fails_greedy_identity(monkeypatch):
+    """Negative control for the identity tests: a store whose likeliest continuation is wrong and whose second
+    is the target's own makes the accepted path a second child; keeping the tree's first rows instead of the
+    accepted path's (no compaction) then changes the output or is caught by the runner."""
+    from specdec.runners.runner import Runner
+
+    decoder, prompt, base = _second_child_store()
     right = decoder.generate(prompt, max_new_tokens=12, proposer="suffix", num_draft_tokens=8)
     assert right.token_ids == base and right.stats.tree_nodes > 0
 
@@ -246,13 +253,7 @@ def test_a_path_through_a_second_child_stays_reusable_by_the_next_request(monkey
     from specdec.runners.runner import Runner
 
     def reused() -> tuple:
-        decoder = scripted_decoder(with_draft=False, eos=99)
-        prompt = [1, 2, 3]
-        base = decoder.generate(prompt, max_new_tokens=12, num_draft_tokens=0).token_ids
-        wrong = (base[0] + 1) % 15
-        decoder.suffix_cache = SuffixCache(1 << 16)
-        for piece in ([2, 3, wrong, 5, 6], [2, 3, wrong, 5, 6], [2, 3] + base):
-            decoder.suffix_cache.add(piece)
+        decoder, prompt, base = _second_child_store()
         decoder.clear_cache()
         result = decoder.generate(prompt, max_new_tokens=12, proposer="suffix", num_draft_tokens=8)
         assert result.token_ids == base and result.stats.tree_nodes > 0

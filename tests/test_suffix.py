@@ -72,6 +72,26 @@ def test_cost_cut_maximizes_expected_tokens_per_second():
     assert len(cut.tokens) == int(np.argmax(rates))
 
 
+def test_the_plan_counts_the_rows_a_tree_gave_back_in_its_pass_cost():
+    """When the target lacks rows a tree gave back, the verify pass feeds them anyway: a proposal then adds a
+    smaller share to that pass's cost. Each row a whole pass's cost: one pending row, a node (confidence 0.75)
+    buys 1.75 tokens for 2 passes (< 1 token for 1: nothing pays); eight pending rows, 1.75 for 9 (> 1 for 8)."""
+    from specdec.decoding.proposers import ProposalPlan
+    from specdec.decoding.request import Request
+
+    cache = SuffixCache(1 << 16)
+    cache.calibration.hits[:] = cache.calibration.predicted[:] * 0.75  # every path probability 0.75
+    cache.add([3, 4, 5, 6])
+    request = Request((1, 2, 3), 8, SamplingConfig(temperature=0.0), "auto", None, proposer="suffix")
+    steep = Costs(0.0, tuple(1.0 + t for t in range(40)))
+    plan = ProposalPlan(request, has_draft=False, max_context=64, costs=steep, suffix_cache=cache)
+    plan.rounds = 1  # past the first round, which proposes nothing
+    tokens = [1, 2, 3]
+    assert plan.propose(tokens, 8, target_lag=1).source == "none"
+    proposal = plan.propose(tokens, 8, target_lag=8)
+    assert proposal.source == "suffix" and proposal.tree.tokens[:1] == (4,)
+
+
 def test_request_suffix_matches_its_own_text_and_the_shared_store():
     cache = SuffixCache(1 << 16)
     own = RequestSuffix(64, cache)

@@ -7,6 +7,7 @@ checks a request against them; the server's wire model takes its bounds from her
 MAX_DRAFT_TOKENS = 16  # longest fixed draft chain a request may ask for
 AUTO_MAX_DRAFT_TOKENS = 8  # longest chain the "auto" planner proposes
 PREFILL_CHUNK = 64  # tokens per prefill pass: bounds the logits buffer at chunk x vocab floats
+REFEED_ROWS = 8  # a verify pass feeds up to this many committed tokens its target lacks (rows a tree gave back)
 MAX_TREE_NODES = 62  # one verify pass carries at most 64 tokens: the tree plus pending/catch-up
 MAX_PASS_TOKENS = max(PREFILL_CHUNK, MAX_TREE_NODES + 2)  # the widest pass any runner must accept
 MAX_SEED = 2**63 - 1

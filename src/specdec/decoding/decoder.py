@@ -356,7 +356,8 @@ class SpeculativeDecoder:
             state.stats.tree_nodes += nodes
             return played
         lag = len(state.tokens) - draft.length if draft is not None else 0
-        proposal = plan.propose(state.tokens, budget, lag, room=self.max_context - len(state.tokens) - 1)
+        proposal = plan.propose(state.tokens, budget, lag, room=self.max_context - len(state.tokens) - 1,
+                                target_lag=len(state.tokens) - target.length)
         if proposal.source == "suffix" and proposal.tree is not None:
             played, path = suffix_round(target, state, rule, proposal)
             plan.observe_suffix(proposal.tree, path)

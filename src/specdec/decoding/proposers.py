@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.contract.limits import REFEED_ROWS
 from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts
 from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
@@ -95,13 +96,15 @@ class ProposalPlan:
         self.filled = 0
         self.rounds = 0  # rounds played so far in this request
 
-    def propose(self, tokens: list, budget: int, draft_lag: int = 0, room: int = MAX_SUFFIX_NODES) -> Proposal:
-        """This round's proposal. ``draft_lag``: committed tokens the draft model has not read yet; ``room``:
+    def propose(self, tokens: list, budget: int, draft_lag: int = 0, room: int = MAX_SUFFIX_NODES,
+                target_lag: int = 1) -> Proposal:
+        """This round's proposal. ``draft_lag`` / ``target_lag``: committed tokens the draft / the target has not
+        read yet (the target's are 1, the pending token, unless a tree gave rows back); ``room``:
         free cache slots after ``tokens`` (bounds a suffix tree)."""
         if budget <= 0:
             return NO_PROPOSAL
         if self.suffix is not None:
-            return self._propose_suffix(tokens, budget, draft_lag, room)
+            return self._propose_suffix(tokens, budget, draft_lag, room, target_lag)
         found: list = []
         if self.uses_lookup:
             limit = min(AUTO_MAX_DRAFT_TOKENS if self.auto else self.request.num_draft_tokens, budget)
@@ -128,7 +131,7 @@ class ProposalPlan:
             return Proposal("draft", gamma)
         return NO_PROPOSAL
 
-    def _propose_suffix(self, tokens: list, budget: int, draft_lag: int, room: int) -> Proposal:
+    def _propose_suffix(self, tokens: list, budget: int, draft_lag: int, room: int, target_lag: int = 1) -> Proposal:
         """Suffix tree, draft chain or nothing: the most expected tokens per second (auto); fixed lengths: the
         suffix tree of up to ``num_draft_tokens`` nodes when there is one, else the draft's chain."""
         limit = min(MAX_SUFFIX_NODES if self.auto else self.request.num_draft_tokens, room)
@@ -143,7 +146,9 @@ class ProposalPlan:
         if self.rounds == 0:
             return NO_PROPOSAL  # the first token as soon as target-only's: a one-token pass, not a wide verify
         costs = self.pass_costs.costs
-        pending = 1  # the pass feeds the pending token before the tree
+        # the pass feeds the committed tokens the target lacks before the tree (the pending token, and rows a
+        # tree gave back: up to REFEED_ROWS, the rest in catch-up passes already paid for)
+        pending = max(1, min(target_lag, REFEED_ROWS))
         if tree is not None and tree.tokens:
             tree = cost_cut(tree, costs.verify_cost, pending)
         suffix_rate = tree.expected_tokens / costs.verify_cost(pending + len(tree.tokens)) if tree is not None else 0.0
@@ -152,7 +157,7 @@ class ProposalPlan:
             catch_up = self.model_auto.draft_catch_up(draft_lag) / DRAFT_CATCH_UP_ROUNDS
             # a probe round runs whatever the estimates say: it is how a pessimistic estimate recovers
             if self.model_auto.probing or self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
-                    suffix_rate, 1.0 / costs.verify_cost(1)):
+                    suffix_rate, 1.0 / costs.verify_cost(pending)):
                 return Proposal("draft", gamma)
         if tree is not None and tree.tokens:
             return Proposal("suffix", len(tree.tokens), tree=tree)

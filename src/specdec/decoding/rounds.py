@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.decoding.proposers import Proposal
-from specdec.contract.limits import MAX_TREE_NODES, PREFILL_CHUNK  # noqa: F401
+from specdec.contract.limits import MAX_TREE_NODES, PREFILL_CHUNK, REFEED_ROWS  # noqa: F401
 from specdec.decoding.request import RequestState
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.tree import AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_WIDTH, ROOT, DraftTree, allocate_children
@@ -34,9 +34,6 @@ class Round:
     tokens: list  # emitted: the accepted proposals, then one recovered or bonus token
     proposed: int  # proposals verified (tree: the accepted path's depth budget = deepest level)
     accepted: int
-
-
-REFEED_ROWS = 8  # a verify pass feeds up to this many committed tokens its target lacks (rows given back by a tree)
 
 
 def catch_up(runner, tokens: list, leave: int = 2) -> None:

@@ -1,4 +1,5 @@
-"""tools/kernel_curve.py on tiny products: every kernel's row for every row count, ratios against one row."""
+"""The cost tools on tiny inputs: kernel_curve.py (every kernel's row for every row count, ratios against one row) and
+pass_widths.py (pass times by width while decoding, beside the calibration)."""
 
 import importlib.util
 import sys
@@ -28,3 +29,29 @@ def test_kernel_curve_prints_one_row_per_kernel(tmp_path, monkeypatch, capsys):
                                                       "| float32 MatMul (2 pairs)"]
     assert all(row.count("(1.00x)") >= 1 and row.count(" ms ") == 2 for row in rows)
     assert out.read_text().count("\n") == len(rows) + 4
+
+
+def test_pass_widths_times_each_width_beside_the_calibration(tiny_bundle, tmp_path, capsys):
+    """tools/pass_widths.py on the tiny bundle: one row per pass width the runs used, each with the stored and
+    the fresh calibration's ratio; the one-token row is 1.00x in every column."""
+    import json
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "pass_widths.py"
+    spec = importlib.util.spec_from_file_location("pass_widths", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([{"id": "p", "kind": "code", "prompt": "def f(x):\n    return x + x + x + x"}]))
+    from specdec.decoding import proposers
+
+    observe = proposers.ProposalPlan.observe_pass
+    try:
+        assert tool.main([str(tiny_bundle), str(prompts), "--modes", "suffix,target", "--max-new-tokens", "16",
+                          "--repeats", "2", "--fresh", "1"]) == 0
+    finally:
+        proposers.ProposalPlan.observe_pass = observe
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert rows and rows[0][0] == "| 1" and rows[0][3:] == ["1.00x", "1.00x", "1.00x |"]
+    assert sum(line.endswith(" tok/s") for line in out.splitlines()) == 4 and "sum of tok/s: suffix" in out
+    assert tool.main([str(tiny_bundle), str(prompts), "--modes", "nope"]) == 2

@@ -182,3 +182,22 @@ def test_a_tree_request_never_calibrates_chain_costs(tiny_decoder, monkeypatch):
 
 def _refuse_calibration():
     raise RuntimeError("calibrated")
+
+
+def test_a_widest_draft_tree_after_given_back_rows_still_fits_one_pass(monkeypatch):
+    """A draft tree of 62 nodes (2, 2, 2, 2, 2) whose accepted path went through a second child: its rows are given
+    back, and the next verify pass feeds them only as far as the widest pass a runner takes (the rest in a catch-up
+    pass), so the request completes with target-only's tokens. Planted: feeding every given-back row beside the
+    next 62 nodes asks the runner for more than 64 tokens in one pass."""
+    from scripted import scripted_decoder
+    from specdec.contract.limits import REFEED_ROWS
+    from specdec.decoding import rounds
+
+    decoder = scripted_decoder(seed=1)
+    base = decoder.generate([1, 2, 3], max_new_tokens=60, num_draft_tokens=0).token_ids
+    result = decoder.generate([1, 2, 3], max_new_tokens=60, tree=(2, 2, 2, 2, 2), num_draft_tokens=5)
+    assert result.token_ids == base and result.stats.tree_nodes > 62
+    monkeypatch.setattr(rounds, "refeed_room", lambda candidates: REFEED_ROWS)
+    decoder = scripted_decoder(seed=1)
+    with pytest.raises(ValueError, match="exceed this runner's 64"):
+        decoder.generate([1, 2, 3], max_new_tokens=60, tree=(2, 2, 2, 2, 2), num_draft_tokens=5)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.decoding.cost_model import Costs
-from specdec.decoding.suffix import (MIN_PATH_PROB, SEPARATOR, Calibration, RequestSuffix, SuffixCache, build_tree,
-                                     continuations, cost_cut, longest_match)
+from specdec.decoding.suffix import (MAX_SUFFIX_NODES, MIN_PATH_PROB, SEPARATOR, Calibration, RequestSuffix,
+                                     SuffixCache, build_tree, continuations, cost_cut, longest_match)
 from specdec.sampling.processors import SamplingConfig
 
 from scripted import scripted_decoder
@@ -72,24 +72,57 @@ def test_cost_cut_maximizes_expected_tokens_per_second():
     assert len(cut.tokens) == int(np.argmax(rates))
 
 
-def test_the_plan_counts_the_rows_a_tree_gave_back_in_its_pass_cost():
-    """When the target lacks rows a tree gave back, the verify pass feeds them anyway: a proposal then adds a
-    smaller share to that pass's cost. Each row a whole pass's cost: one pending row, a node (confidence 0.75)
-    buys 1.75 tokens for 2 passes (< 1 token for 1: nothing pays); eight pending rows, 1.75 for 9 (> 1 for 8)."""
+def test_the_plan_prices_a_proposal_by_the_rows_it_adds_to_a_pass_that_feeds_given_back_rows():
+    """Rows a tree gave back are fed by the next verify pass whatever is proposed: a proposal is priced by the rows
+    it adds, c(pending + k) - c(pending), against target-only's 1 / c(1). A node of confidence 0.75 (1.75 tokens):
+    - a first row as dear as a whole pass, later rows 0.1: after one pending row it adds 1.0 (0.75 tokens for 1.0:
+      nothing), after two it adds 0.1 (it pays);
+    - every row a whole pass: adding one costs 1.0 however many rows are pending, so nothing pays either way
+      (sunk rows do not lower the bar: 1.75 tokens for 9 looks better than 1 for 8, but is worse than 2 for 9)."""
     from specdec.decoding.proposers import ProposalPlan
     from specdec.decoding.request import Request
 
     cache = SuffixCache(1 << 16)
     cache.calibration.hits[:] = cache.calibration.predicted[:] * 0.75  # every path probability 0.75
-    cache.add([3, 4, 5, 6])
+    cache.add([3, 4])  # after "3": one node, 4
     request = Request((1, 2, 3), 8, SamplingConfig(temperature=0.0), "auto", None, proposer="suffix")
-    steep = Costs(0.0, tuple(1.0 + t for t in range(40)))
-    plan = ProposalPlan(request, has_draft=False, max_context=64, costs=steep, suffix_cache=cache)
-    plan.rounds = 1  # past the first round, which proposes nothing
-    tokens = [1, 2, 3]
-    assert plan.propose(tokens, 8, target_lag=1).source == "none"
-    proposal = plan.propose(tokens, 8, target_lag=8)
+
+    def plan_for(verify):
+        plan = ProposalPlan(request, has_draft=False, max_context=64, costs=Costs(0.0, verify), suffix_cache=cache)
+        plan.rounds = 1  # past the first round, which proposes nothing
+        return plan
+
+    concave = plan_for((1.0,) + tuple(2.0 + 0.1 * t for t in range(39)))
+    assert concave.propose([1, 2, 3], 8, target_lag=1).source == "none"
+    proposal = concave.propose([1, 2, 3], 8, target_lag=2)
     assert proposal.source == "suffix" and proposal.tree.tokens[:1] == (4,)
+    linear = plan_for(tuple(1.0 + t for t in range(40)))
+    assert [linear.propose([1, 2, 3], 8, target_lag=lag).source for lag in (1, 2, 8, 20)] == ["none"] * 4
+
+
+def test_the_decoder_tells_the_plan_how_many_rows_a_tree_gave_back(monkeypatch):
+    """After a path through a second child the target lacks the given-back rows; the next round's plan hears how many
+    (``target_lag``). Planted: without the give-back every round after the first sees only the pending token."""
+    from specdec.decoding import proposers
+    from specdec.runners.runner import Runner
+
+    propose = proposers.ProposalPlan.propose
+
+    def lags() -> list:
+        seen = []
+
+        def spy(plan, tokens, budget, draft_lag=0, room=MAX_SUFFIX_NODES, target_lag=1):
+            seen.append(target_lag)
+            return propose(plan, tokens, budget, draft_lag, room, target_lag)
+
+        monkeypatch.setattr(proposers.ProposalPlan, "propose", spy)
+        decoder, prompt, base = _second_child_store()
+        assert decoder.generate(prompt, max_new_tokens=12, proposer="suffix", num_draft_tokens=8).token_ids == base
+        return seen[1:]  # the first round's lag is the prompt's last two tokens (reuse_cache leaves them)
+
+    assert max(lags()) > 1
+    monkeypatch.setattr(Runner, "first_inexact", lambda self, start: None)
+    assert set(lags()) == {1}
 
 
 def test_request_suffix_matches_its_own_text_and_the_shared_store():

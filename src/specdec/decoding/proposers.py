@@ -146,18 +146,25 @@ class ProposalPlan:
         if self.rounds == 0:
             return NO_PROPOSAL  # the first token as soon as target-only's: a one-token pass, not a wide verify
         costs = self.pass_costs.costs
-        # the pass feeds the committed tokens the target lacks before the tree (the pending token, and rows a
-        # tree gave back: up to REFEED_ROWS, the rest in catch-up passes already paid for)
+        # the pass feeds the committed tokens the target lacks before the tree: the pending token, and rows a tree
+        # gave back (up to REFEED_ROWS; the rest go in catch-up passes). Those rows are paid whatever is proposed,
+        # so a proposal is priced by the rows it adds to that pass, c(pending + k) - c(pending), on top of a
+        # one-token pass's c(1): the same bar as target-only decoding, which a tree's sunk rows do not lower
         pending = max(1, min(target_lag, REFEED_ROWS))
+        sunk = costs.verify_cost(pending) - costs.verify_cost(1)
+
+        def pass_cost(rows: int) -> float:  # a pass of the pending token and rows - 1 proposals, sunk rows aside
+            return costs.verify_cost(rows + pending - 1) - sunk
+
         if tree is not None and tree.tokens:
-            tree = cost_cut(tree, costs.verify_cost, pending)
-        suffix_rate = tree.expected_tokens / costs.verify_cost(pending + len(tree.tokens)) if tree is not None else 0.0
+            tree = cost_cut(tree, pass_cost, 1)
+        suffix_rate = tree.expected_tokens / pass_cost(1 + len(tree.tokens)) if tree is not None else 0.0
         if gamma > 0:
             # the catch-up pass is paid once, then the draft runs on: spread over DRAFT_CATCH_UP_ROUNDS rounds
             catch_up = self.model_auto.draft_catch_up(draft_lag) / DRAFT_CATCH_UP_ROUNDS
             # a probe round runs whatever the estimates say: it is how a pessimistic estimate recovers
             if self.model_auto.probing or self.model_auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
-                    suffix_rate, 1.0 / costs.verify_cost(pending)):
+                    suffix_rate, 1.0 / costs.verify_cost(1)):
                 return Proposal("draft", gamma)
         if tree is not None and tree.tokens:
             return Proposal("suffix", len(tree.tokens), tree=tree)

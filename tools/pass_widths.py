@@ -8,6 +8,10 @@ observes (``ProposalPlan.observe_pass``: passes with every row's logits, so no p
 per width, the median pass time and its ratio to the one-token pass, beside the decoder's calibrated ratio
 and ``--fresh`` calibrations measured now. Also each run's tokens/s and each mode's total. A calibration
 stored in a slower or faster phase of a shared machine shows here as a different shape.
+
+The in-place medians pool passes at every context the runs reach (the one-token row mixes target-only runs
+and the rounds that proposed nothing); calibrations time each width at one context (256). A width that ran
+only a few times (the count column) says little.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ def main(argv=None) -> int:
     from specdec.decoding.decoder import CALIBRATED_WIDTH, SpeculativeDecoder
     from specdec.sampling.processors import SamplingConfig
 
-    prompts = json.load(open(args.prompts))
+    with open(args.prompts) as handle:
+        prompts = json.load(handle)
     if args.ids:
         wanted = args.ids.split(",")
         prompts = [p for p in prompts if p["id"] in wanted]
@@ -59,18 +64,21 @@ def main(argv=None) -> int:
         observe(plan, role, tokens, seconds)
 
     proposers.ProposalPlan.observe_pass = recording
-    decoder = SpeculativeDecoder.load(args.bundle, threads=args.threads)
-    stored = decoder.costs()
-    greedy = SamplingConfig(temperature=0.0)
-    totals = collections.defaultdict(float)
-    for repeat in range(args.repeats):
-        for prompt in prompts:
-            for mode in (modes if repeat % 2 == 0 else modes[::-1]):
-                start_cold(decoder)
-                result = decoder.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens, sampling=greedy,
-                                          **options[mode])
-                totals[mode] += result.stats.tokens_per_s
-                print(f"{prompt['id']} {mode}: {result.stats.tokens_per_s:.2f} tok/s", flush=True)
+    try:
+        decoder = SpeculativeDecoder.load(args.bundle, threads=args.threads)
+        stored = decoder.costs()
+        greedy = SamplingConfig(temperature=0.0)
+        totals = collections.defaultdict(float)
+        for repeat in range(args.repeats):
+            for prompt in prompts:
+                for mode in (modes if repeat % 2 == 0 else modes[::-1]):
+                    start_cold(decoder)
+                    result = decoder.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens, sampling=greedy,
+                                              **options[mode])
+                    totals[mode] += result.stats.tokens_per_s
+                    print(f"{prompt['id']} {mode}: {result.stats.tokens_per_s:.2f} tok/s", flush=True)
+    finally:
+        proposers.ProposalPlan.observe_pass = observe
     print("sum of tok/s: " + ", ".join(f"{mode} {totals[mode]:.2f}" for mode in modes))
     fresh = [calibrate(decoder.target, decoder.draft, max_tokens=CALIBRATED_WIDTH) for _ in range(args.fresh)]
     one = statistics.median(times[1]) if times.get(1) else None

@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from specdec.bench.bench import start_cold
+    from specdec.bench.session import SPECDEC_MODES  # the bench's mode names and their generate() options
     from specdec.decoding import proposers
     from specdec.decoding.cost_model import calibrate
     from specdec.decoding.decoder import CALIBRATED_WIDTH, SpeculativeDecoder
@@ -47,10 +48,7 @@ def main(argv=None) -> int:
         wanted = args.ids.split(",")
         prompts = [p for p in prompts if p["id"] in wanted]
     modes = args.modes.split(",")
-    options = {"target": {"num_draft_tokens": 0}, "default": {"num_draft_tokens": "auto"}}
-    for proposer in ("suffix", "lookup", "draft"):
-        options[proposer] = {"num_draft_tokens": "auto", "proposer": proposer}
-    unknown = [mode for mode in modes if mode not in options]
+    unknown = [mode for mode in modes if mode not in SPECDEC_MODES]
     if unknown or not prompts:
         print(f"unknown mode {unknown[0]!r}" if unknown else "no prompt matches --ids", file=sys.stderr)
         return 2
@@ -74,7 +72,7 @@ def main(argv=None) -> int:
                 for mode in (modes if repeat % 2 == 0 else modes[::-1]):
                     start_cold(decoder)
                     result = decoder.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens, sampling=greedy,
-                                              **options[mode])
+                                              **SPECDEC_MODES[mode])
                     totals[mode] += result.stats.tokens_per_s
                     print(f"{prompt['id']} {mode}: {result.stats.tokens_per_s:.2f} tok/s", flush=True)
     finally:

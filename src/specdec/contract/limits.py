@@ -13,3 +13,9 @@ MAX_PASS_TOKENS = max(PREFILL_CHUNK, MAX_TREE_NODES + 2)  # the widest pass any 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+
+
+def refeed_room(candidates: int) -> int:
+    """How many committed tokens the target lacks a verify pass of ``candidates`` proposals may feed: up to
+    REFEED_ROWS (rows a tree gave back, and the pending token), within the widest pass a runner takes."""
+    return max(1, min(REFEED_ROWS, MAX_PASS_TOKENS - candidates))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.contract.limits import REFEED_ROWS
+from specdec.contract.limits import refeed_room
 from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts
 from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
@@ -147,10 +147,11 @@ class ProposalPlan:
             return NO_PROPOSAL  # the first token as soon as target-only's: a one-token pass, not a wide verify
         costs = self.pass_costs.costs
         # the pass feeds the committed tokens the target lacks before the tree: the pending token, and rows a tree
-        # gave back (up to REFEED_ROWS; the rest go in catch-up passes). Those rows are paid whatever is proposed,
+        # gave back (as many as refeed_room lets a pass of up to MAX_SUFFIX_NODES nodes carry, the rest in catch-up
+        # passes: rounds.py feeds by the same rule). Those rows are paid whatever is proposed,
         # so a proposal is priced by the rows it adds to that pass, c(pending + k) - c(pending), on top of a
         # one-token pass's c(1): the same bar as target-only decoding, which a tree's sunk rows do not lower
-        pending = max(1, min(target_lag, REFEED_ROWS))
+        pending = max(1, min(target_lag, refeed_room(MAX_SUFFIX_NODES)))
         sunk = costs.verify_cost(pending) - costs.verify_cost(1)
 
         def pass_cost(rows: int) -> float:  # a pass of the pending token and rows - 1 proposals, sunk rows aside

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.decoding.proposers import Proposal
-from specdec.contract.limits import MAX_PASS_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK, REFEED_ROWS  # noqa: F401
+from specdec.contract.limits import MAX_TREE_NODES, PREFILL_CHUNK, refeed_room  # noqa: F401
 from specdec.decoding.request import RequestState
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.tree import AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_WIDTH, ROOT, DraftTree, allocate_children
@@ -42,12 +42,6 @@ def catch_up(runner, tokens: list, leave: int = 2) -> None:
         chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + PREFILL_CHUNK)]
         runner.forward(chunk, range(runner.length, runner.length + len(chunk)), last_logits_only=True)
         runner.commit(len(chunk))
-
-
-def refeed_room(candidates: int) -> int:
-    """How many committed tokens the target lacks a verify pass of ``candidates`` proposals may feed: up to
-    REFEED_ROWS (rows a tree gave back, and the pending token), within the widest pass a runner takes."""
-    return max(1, min(REFEED_ROWS, MAX_PASS_TOKENS - candidates))
 
 
 def draft_chain(draft, state: RequestState, rule: TokenRule, gamma: int) -> tuple[list, list]:

@@ -182,6 +182,36 @@ def test_pool_routes_to_the_worker_holding_the_prompt(fim_bundle, reference):
         pool.close(grace=5)
 
 
+def test_a_job_ends_only_once_its_worker_is_free(reference):
+    """END reaches the client only after the worker is marked free, so a next turn sent the moment the last
+    one ends is routed to the worker holding its cache. Holding the pool's lock keeps the worker from freeing
+    itself: END must not arrive meanwhile (it did when END was put before the worker was freed, a race that
+    sent a fast client's next turn to a cold worker)."""
+    from specdec.serving.pool import END, DecoderPool, PoolOptions
+
+    pool = DecoderPool(reference.fork(), PoolOptions(workers=2))
+    finish = threading.Event()
+    try:
+        def work(decoder):
+            yield "ok"
+            assert finish.wait(timeout=10)  # the job ends only once the test holds the lock
+
+        async def scenario():
+            job = pool.submit(work)
+            assert await job.get() == "ok"
+            with pool._lock:  # the worker cannot mark itself free while this is held
+                finish.set()
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(job.get(), timeout=0.5)
+                assert pool.busy == 1
+            assert await asyncio.wait_for(job.get(), timeout=10) is END
+            assert pool.busy == 0 and pool._assigned[job.worker] is None
+
+        asyncio.run(scenario())
+    finally:
+        pool.close(grace=5)
+
+
 # ----------------------------------------------------------------------------- /infill
 def _greedy_infill(decoder, prefix, suffix, n, extra=(), prompt=""):
     from specdec.sampling.processors import SamplingConfig

@@ -167,8 +167,9 @@ class DecoderPool:
                 self.waiting -= 1
                 self.busy += 1
             job.started = time.monotonic()
+            last = _Failure(RuntimeError("the worker stopped without an answer"))
             try:
-                self._run(job, decoder)
+                last = self._run(job, decoder)
             finally:
                 with self._lock:
                     self.busy -= 1
@@ -176,12 +177,16 @@ class DecoderPool:
                     self._assigned[index] = None
                     self._idle.notify_all()
                     self._dispatch()
+                # Only now, with the worker free: a client that sends its next request the moment this one
+                # ends (a chat's next turn) is routed to the worker that holds its cache, not to another.
+                job._put(last)
 
-    def _run(self, job: Job, decoder) -> None:
+    def _run(self, job: Job, decoder):
+        """Forward the job's items; return what ends it (END or a _Failure), which _serve delivers once
+        the worker is free."""
         if job.cancelled.is_set():
             self._count_cancel()
-            job._put(_Failure(JobCancelled("cancelled before it started")))
-            return
+            return _Failure(JobCancelled("cancelled before it started"))
         try:
             items = job.work(decoder)
             stopped = False
@@ -197,11 +202,10 @@ class DecoderPool:
                     close()  # a generator stops here, between rounds, and releases the decoder
             if stopped:
                 self._count_cancel()
-                job._put(_Failure(JobCancelled("cancelled")))
-            else:
-                job._put(END)
+                return _Failure(JobCancelled("cancelled"))
+            return END
         except Exception as exc:  # reported to the request, never kills the worker
-            job._put(_Failure(exc))
+            return _Failure(exc)
 
     def _count_cancel(self) -> None:
         with self._lock:

@@ -1,0 +1,37 @@
+"""A/B: default auto with the learned cost shape vs the calibrated shape vs target-only, alternating per prompt."""
+import json, random, sys, collections, time
+from specdec.decoding.decoder import SpeculativeDecoder
+from specdec.runners.standard import session_options
+from specdec.sampling.processors import SamplingConfig
+from specdec.bench.bench import start_cold
+session_options(2)
+dec = SpeculativeDecoder.load(sys.argv[1], threads=2)
+shape = dec.cost_shape
+prompts = json.load(open(sys.argv[2]))
+reps = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+g = SamplingConfig(temperature=0.0)
+c = dec.costs()
+print("calibrated", [round(v / c.verify[0], 2) for v in c.verify[:9]], flush=True)
+rng = random.Random(7)
+rows = []
+for rep in range(reps):
+    for p in prompts:
+        arms = ["learn", "fixed", "target"]
+        rng.shuffle(arms)
+        for arm in arms:
+            start_cold(dec)
+            dec.cost_shape = shape if arm == "learn" else None
+            opt = dict(num_draft_tokens=0) if arm == "target" else {}
+            r = dec.generate(p["prompt"], max_new_tokens=128, sampling=g, **opt)
+            rows.append(dict(rep=rep, id=p["id"], kind=p["kind"], arm=arm, tps=r.stats.tokens_per_s,
+                             n=len(r.token_ids), ids=r.token_ids, m=shape.multiplier, samples=shape.samples))
+            print(rep, p["id"], arm, round(r.stats.tokens_per_s, 2), "m=%.3f n=%d" % (shape.multiplier, shape.samples), flush=True)
+json.dump(rows, open("rows.json", "w"))
+agg = collections.defaultdict(float)
+for r in rows:
+    agg[(r["kind"], r["arm"])] += r["tps"]; agg[("all", r["arm"])] += r["tps"]
+for kind in ("all", "code", "prose", "edit"):
+    t = agg[(kind, "target")]
+    print(kind, {a: round(agg[(kind, a)] / t, 3) for a in ("learn", "fixed", "target")})
+same = sum(1 for a in rows for b in rows if a["rep"] == b["rep"] and a["id"] == b["id"] and a["arm"] == "learn" and b["arm"] == "fixed" and a["ids"] == b["ids"])
+print("learn==fixed outputs", same, "of", len(prompts) * reps)

@@ -27,3 +27,7 @@ def add_load_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default 2048)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")
+    parser.add_argument("--exact-rows", action="store_true",
+                        help="run the target's one-token passes as two rows: greedy speculation stays token-identical "
+                             "to target-only on CPUs whose one-row int4 kernel rounds differently (a warning at load "
+                             "says so), at a two-token pass's cost per one-token pass")

@@ -139,7 +139,7 @@ def cmd_bench(args) -> int:
             session_options(args.threads)  # the process-wide thread pool first, as when specdec's models load first
             peers = load_peers(args, encode, say, llama)
         decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
-                                          threads=args.threads, verify=not args.no_verify)
+                                          threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows)
         preflight(decoder, prompts, modes, args.max_new_tokens, args.temperature)
         if not args.peers_first:
             peers = load_peers(args, encode, say, llama)

@@ -77,7 +77,7 @@ def _load(args):
     from specdec.decoding.decoder import SpeculativeDecoder
 
     return SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
-                                   threads=args.threads, verify=not args.no_verify)
+                                   threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows)
 
 
 def _sampling(args):

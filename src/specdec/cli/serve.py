@@ -60,7 +60,7 @@ def cmd_serve(args) -> int:
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
                              threads=args.threads, verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                             suffix_cache_mib=args.suffix_cache)
+                             suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows)
         return serve_on_ray(options)
     try:
         import uvicorn
@@ -79,7 +79,7 @@ def cmd_serve(args) -> int:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")
     load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
                                verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                               suffix_cache_mib=args.suffix_cache)
+                               suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
               "can use it", file=sys.stderr)

@@ -33,12 +33,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int) -> str:
+def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int,
+                    one_row_padded: bool = False) -> str:
     import onnxruntime
 
-    return json.dumps({"bundle": bundle_identity, "cpu": cpu_model(), "onnxruntime": onnxruntime.__version__,
-                       "provider": provider, "threads": threads or os.cpu_count(), "max_tokens": max_tokens,
-                       "context": context}, sort_keys=True)
+    key = {"bundle": bundle_identity, "cpu": cpu_model(), "onnxruntime": onnxruntime.__version__,
+           "provider": provider, "threads": threads or os.cpu_count(), "max_tokens": max_tokens, "context": context}
+    if one_row_padded:  # exact_rows: a one-token pass costs a two-token one (keys without it stay as they were)
+        key["one_row_padded"] = True
+    return json.dumps(key, sort_keys=True)
 
 
 def _read(path: Path) -> dict:

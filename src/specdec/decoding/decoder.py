@@ -20,6 +20,7 @@ Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the sta
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -39,8 +40,11 @@ from specdec.decoding.rules import TokenRule
 import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
 from specdec.runners.runner import RUNNER_BACKENDS
 from specdec.decoding.text import TextCodec
+from specdec.runners.row_parity import check_one_row
 from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONTEXT = 2048
 CALIBRATED_WIDTH = MAX_SUFFIX_NODES + 1  # the widest verify pass "auto" plans: a suffix tree plus the pending token
@@ -67,11 +71,12 @@ class SpeculativeDecoder:
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
+        self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
              verify: bool = True, cache_ram_mib: float = 0,
-             suffix_cache_mib: float = DEFAULT_CACHE_MIB) -> "SpeculativeDecoder":
+             suffix_cache_mib: float = DEFAULT_CACHE_MIB, exact_rows: bool = False) -> "SpeculativeDecoder":
         """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
 
         ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
@@ -79,7 +84,14 @@ class SpeculativeDecoder:
         snapshots of recent prefixes of both models that a later request sharing a prefix restores by one copy.
         ``suffix_cache_mib``: the store of recent requests' outputs that suffix proposals search, shared by every
         fork (4 bytes a token; oldest outputs dropped first; 0: each request matches only its own text).
+        ``exact_rows``: run the target's one-token passes as two rows, so that greedy speculation stays
+        token-identical to target-only decoding on CPUs whose one-row int4 kernel rounds unlike the multi-row
+        one (a one-token pass then costs a two-token one: 1.2-1.3x on a 2-core AVX2 CPU). Off, such a CPU is
+        detected at load and logged (``rows_exact`` False): outputs are then greedy decodings of the same int4
+        weights that may part from target-only's on near-ties.
         """
+        if not isinstance(exact_rows, bool):
+            raise ValueError(f"exact_rows must be true or false, got {exact_rows!r}")
         for name, value in (("cache_ram_mib", cache_ram_mib), ("suffix_cache_mib", suffix_cache_mib)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -103,20 +115,32 @@ class SpeculativeDecoder:
                                   kept_ids=load_kept_ids(root, spec))
                 for role, spec in reversed(manifest.models().items())
             }
+        runners["target"].pad_one_row = exact_rows
+        rows_exact = check_one_row(runners["target"])
+        if not rows_exact:
+            log.warning("on this CPU a one-token pass of the target rounds unlike a row of a wider pass: greedy "
+                        "speculation may part from target-only decoding on near-ties (exact_rows=True / "
+                        "--exact-rows runs one-token passes as two rows and keeps it exact)")
         codec = TextCodec(inside(root, manifest.tokenizer_file))
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT)
+        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, exact_rows)
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
-        return cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
-                   calibration_key=key, suffix_cache=suffix)
+        decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
+                      calibration_key=key, suffix_cache=suffix)
+        decoder.rows_exact = rows_exact
+        return decoder
 
     def fork(self) -> "SpeculativeDecoder":
         """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
-        return SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
-                                  self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
-                                  self.prompt_cache, self._calibration_key, self.suffix_cache)
+        target = self.target.fork()
+        target.pad_one_row = self.target.pad_one_row
+        forked = SpeculativeDecoder(self.bundle_dir, self.manifest, target,
+                                    self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
+                                    self.prompt_cache, self._calibration_key, self.suffix_cache)
+        forked.rows_exact = self.rows_exact
+        return forked
 
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""

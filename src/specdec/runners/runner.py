@@ -96,6 +96,11 @@ class Runner:
         count, past = len(tokens), self.length
         if count < 1:
             raise ValueError("a pass needs at least one token")
+        if (count == 1 and self.pad_one_row and parents is None and visible_past is None
+                and past + 2 <= self.max_context and self.max_step_tokens >= 2):
+            # the token twice, every row's logits: the multi-row kernels' rounding, as in a verify pass; the
+            # second row's KV slot lies past the one committed and the next pass overwrites it
+            return self.forward([tokens[0]] * 2, [positions[0], positions[0] + 1])[:1]
         if count > self.max_step_tokens:
             raise ValueError(f"{count} tokens in one pass exceed this runner's {self.max_step_tokens}")
         if past + count > self.max_context:
@@ -149,6 +154,10 @@ class Runner:
 
     def reset(self) -> None:
         self.length = 0
+
+    # one-token passes run as two rows (exact_rows): on CPUs whose one-row int4 kernel rounds unlike the
+    # multi-row one, a verify pass's rows then equal target-only decoding's bit for bit
+    pad_one_row: bool = False
 
     _slot_bytes: int | None = None  # host bytes of one slot's keys/values (set by backends that can snapshot)
 

@@ -40,6 +40,7 @@ class RayOptions:
     verify: bool = True
     cache_ram_mib: float = 0  # per replica: a prompt cache shared by its workers (0: none)
     suffix_cache_mib: float | None = None  # per replica: recent outputs for suffix proposals (None: the default)
+    exact_rows: bool = False  # one-token target passes as two rows (greedy identity on every CPU)
 
     def __post_init__(self):
         for name in ("workers", "replicas"):
@@ -88,7 +89,8 @@ def build_application(options: RayOptions):
                          LoadOptions(provider=options.provider, max_context=options.max_context,
                                      threads=options.threads, verify=options.verify,
                                      cache_ram_mib=options.cache_ram_mib,
-                                     suffix_cache_mib=options.suffix_cache_mib))
+                                     suffix_cache_mib=options.suffix_cache_mib,
+                                     exact_rows=options.exact_rows))
 
     replica = serve.deployment(
         name="SpecdecReplica",

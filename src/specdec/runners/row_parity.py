@@ -1,0 +1,33 @@
+"""Whether a runner's one-token pass gives the same logits, bit for bit, as a row of a wider pass.
+
+Greedy speculation is token-identical to target-only decoding only if it does: the verify pass's rows must
+equal the one-token passes target-only decoding runs. Export checks it on the export machine (parity scenario
+``rows_vs_decode``); the CPU a bundle runs on can differ (onnxruntime's one-row MatMulNBits kernel rounds
+unlike its multi-row one on a 2-core AMD EPYC with AVX2, not on an AVX-512 Xeon), so ``check_one_row`` asks
+the loaded runner. ``Runner.pad_one_row`` is the cure: one-token passes then run as two rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PREFIX = 8  # cached tokens behind the compared passes
+TOKENS = (220, 284, 198)  # ids below any vocabulary size a bundle has (a space, " =", a newline in Qwen's)
+
+
+def check_one_row(runner) -> bool:
+    """True when the one-token pass's logits equal the first row of a two-row pass over the same token, and
+    the rows agree bit for bit. Runs on the runner's cache and resets it (call before serving)."""
+    if runner.max_context < PREFIX + 3 or runner.max_step_tokens < 2:
+        return True  # too small a cache to tell: nothing to compare
+    vocab = runner.spec.vocab_size
+    ids = [TOKENS[i % len(TOKENS)] % vocab for i in range(PREFIX + 2)]
+    try:
+        runner.reset()
+        runner.forward(ids[:PREFIX], range(PREFIX))
+        runner.commit(PREFIX)
+        one = np.array(runner.forward(ids[PREFIX : PREFIX + 1], [PREFIX]))[0]
+        wide = np.array(runner.forward(ids[PREFIX : PREFIX + 2], [PREFIX, PREFIX + 1]))[0]
+    finally:
+        runner.reset()
+    return bool(np.array_equal(one, wide))

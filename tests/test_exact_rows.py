@@ -1,0 +1,109 @@
+"""exact_rows: one-token target passes run as two rows, so greedy speculation equals target-only decoding even
+where a one-row pass rounds unlike a row of a wider one (onnxruntime's one-row int4 kernel on an AVX2 CPU)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from scripted import ScriptedModel, ScriptedRunner, scripted_decoder
+
+from specdec.runners.row_parity import check_one_row
+from specdec.sampling.processors import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+class OneRowRounding(ScriptedRunner):
+    """A scripted target whose one-token passes round differently, enough to flip near-ties: the CPU case."""
+
+    def _run(self, ids, positions, mask, sliding, past):
+        out = super()._run(ids, positions, mask, sliding, past)
+        if len(ids) == 1:
+            out = out + np.linspace(0.0, 1.5, out.shape[1], dtype=np.float32)  # nudges the higher ids up
+        return out
+
+    def fork(self):
+        return OneRowRounding(self.model, self.max_context, self.max_step_tokens)
+
+
+def _decoder_on_a_rounding_cpu():
+    decoder = scripted_decoder(vocab=16, eos=99, seed=3)
+    decoder.target = OneRowRounding(decoder.target.model, decoder.max_context)
+    return decoder
+
+
+def test_the_check_sees_a_one_row_pass_that_rounds_differently_and_padding_cures_it():
+    runner = OneRowRounding(ScriptedModel(16, 3))
+    assert check_one_row(runner) is False
+    assert runner.length == 0  # the check leaves the cache empty
+    runner.pad_one_row = True
+    assert check_one_row(runner) is True
+    assert check_one_row(ScriptedRunner(ScriptedModel(16, 3))) is True
+
+
+def test_a_padded_one_token_pass_runs_two_rows_and_commits_one():
+    runner = ScriptedRunner(ScriptedModel(16, 3))
+    widths = []
+    run = runner._run
+    runner._run = lambda ids, *rest: widths.append(len(ids)) or run(ids, *rest)
+    runner.forward([1, 2, 3], range(3))
+    runner.commit(3)
+    plain = np.array(runner.forward([4], [3]))
+    runner.pad_one_row = True
+    padded = runner.forward([4], [3])
+    assert widths == [3, 1, 2] and padded.shape == (1, 16) and np.array_equal(padded, plain)
+    runner.commit(1)
+    assert runner.length == 4 and runner.held_prefix([1, 2, 3, 4, 5]) == 4
+    runner.forward([5], [4])  # the pad row's slot is overwritten, not kept
+    assert runner.slot_ids[4] == 5
+
+
+def test_greedy_speculation_equals_target_only_on_a_rounding_cpu_only_with_padding():
+    """On the rounding CPU, target-only decoding (one-row passes) and speculation (verify rows) are two greedy
+    decodings that part; with one-token passes padded both read multi-row rows and agree token for token."""
+    prompts = [[1, 2], [3, 4, 5], [6], [7, 8], [9, 10, 11], [12, 2]]
+
+    def outputs(pad: bool):
+        decoder = _decoder_on_a_rounding_cpu()
+        decoder.target.pad_one_row = pad
+        pairs = []
+        for prompt in prompts:
+            base = decoder.generate(prompt, max_new_tokens=24, sampling=GREEDY, num_draft_tokens=0).token_ids
+            spec = decoder.generate(prompt, max_new_tokens=24, sampling=GREEDY, num_draft_tokens=3).token_ids
+            pairs.append(base == spec)
+        return pairs
+
+    assert not all(outputs(pad=False))  # the control: without padding the two decodings part on this CPU
+    assert all(outputs(pad=True))
+
+
+def test_load_pads_forks_keep_it_and_calibrations_are_kept_apart(tiny_bundle, monkeypatch, caplog):
+    from specdec import SpeculativeDecoder
+    from specdec.decoding import decoder as decoder_module
+
+    exact = SpeculativeDecoder.load(tiny_bundle, exact_rows=True)
+    assert exact.target.pad_one_row and exact.rows_exact and exact.fork().target.pad_one_row
+    plain = SpeculativeDecoder.load(tiny_bundle)
+    assert not plain.target.pad_one_row and plain.rows_exact is not None
+    assert exact._calibration_key != plain._calibration_key  # a padded one-token pass costs a two-token one
+    with pytest.raises(ValueError, match="exact_rows"):
+        SpeculativeDecoder.load(tiny_bundle, exact_rows="yes")
+    monkeypatch.setattr(decoder_module, "check_one_row", lambda runner: False)
+    with caplog.at_level(logging.WARNING, logger="specdec.decoding.decoder"):
+        rounding = SpeculativeDecoder.load(tiny_bundle)
+    assert rounding.rows_exact is False and "--exact-rows" in caplog.text
+
+
+def test_the_flag_reaches_every_load_path():
+    import argparse
+
+    from specdec.cli.args import add_load_args
+    from specdec.serving.app import LoadOptions
+
+    parser = argparse.ArgumentParser()
+    add_load_args(parser)
+    assert parser.parse_args(["--exact-rows"]).exact_rows and not parser.parse_args([]).exact_rows
+    assert LoadOptions(exact_rows=True).load_kwargs()["exact_rows"] is True
+    assert "exact_rows" not in LoadOptions().load_kwargs()

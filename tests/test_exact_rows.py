@@ -28,6 +28,14 @@ class OneRowRounding(ScriptedRunner):
         return OneRowRounding(self.model, self.max_context, self.max_step_tokens)
 
 
+class WideRounding(ScriptedRunner):
+    """One- and two-row passes agree, three rows and more round otherwise: padding to two rows cannot cure it."""
+
+    def _run(self, ids, positions, mask, sliding, past):
+        out = super()._run(ids, positions, mask, sliding, past)
+        return out + 0.25 if len(ids) >= 3 else out
+
+
 def _decoder_on_a_rounding_cpu():
     decoder = scripted_decoder(vocab=16, eos=99, seed=3)
     decoder.target = OneRowRounding(decoder.target.model, decoder.max_context)
@@ -41,6 +49,10 @@ def test_the_check_sees_a_one_row_pass_that_rounds_differently_and_padding_cures
     runner.pad_one_row = True
     assert check_one_row(runner) is True
     assert check_one_row(ScriptedRunner(ScriptedModel(16, 3))) is True
+    wide = WideRounding(ScriptedModel(16, 3))
+    wide.pad_one_row = True
+    assert check_one_row(wide) is False  # compared against a wider verify pass, not only against two rows
+    assert check_one_row(ScriptedRunner(ScriptedModel(16, 3), max_step_tokens=1)) is None  # cannot tell
 
 
 def test_a_padded_one_token_pass_runs_two_rows_and_commits_one():
@@ -58,6 +70,8 @@ def test_a_padded_one_token_pass_runs_two_rows_and_commits_one():
     assert runner.length == 4 and runner.held_prefix([1, 2, 3, 4, 5]) == 4
     runner.forward([5], [4])  # the pad row's slot is overwritten, not kept
     assert runner.slot_ids[4] == 5
+    runner.forward([5], [4], parents=[-1])  # a one-node tree (the pending token alone) is a chain: padded too
+    assert widths[-2:] == [2, 2]
 
 
 def test_greedy_speculation_equals_target_only_on_a_rounding_cpu_only_with_padding():
@@ -85,6 +99,7 @@ def test_load_pads_forks_keep_it_and_calibrations_are_kept_apart(tiny_bundle, mo
 
     exact = SpeculativeDecoder.load(tiny_bundle, exact_rows=True)
     assert exact.target.pad_one_row and exact.rows_exact and exact.fork().target.pad_one_row
+    assert not exact.draft.pad_one_row and not exact.fork().draft.pad_one_row  # only the target's rows matter
     plain = SpeculativeDecoder.load(tiny_bundle)
     assert not plain.target.pad_one_row and plain.rows_exact is not None
     assert exact._calibration_key != plain._calibration_key  # a padded one-token pass costs a two-token one

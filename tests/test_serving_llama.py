@@ -212,6 +212,35 @@ def test_a_job_ends_only_once_its_worker_is_free(reference):
         pool.close(grace=5)
 
 
+def test_a_stream_sends_its_last_lines_only_after_the_job_ends():
+    """A streaming reply's last lines ([DONE]) wait for the job's END, which the pool sends once the worker is
+    free, so a client that sends its next turn on [DONE] is routed to the worker holding its cache. Before, the
+    last lines went out on the job's Done item, while its worker could still be busy."""
+    from types import SimpleNamespace
+
+    from specdec.decoding.request import GenerationStats
+    from specdec.serving.handlers import Done, Generation
+    from specdec.serving.metrics import Metrics
+    from specdec.serving.pool import END, Job
+
+    async def scenario():
+        job = Job(lambda decoder: iter(()), asyncio.get_running_loop())
+        job.started = job.submitted
+        generation = Generation(SimpleNamespace(decoder=None), None, Metrics())
+        lines = generation.events(job, "hello", lambda text: f"piece {text}", lambda done: ["last", "[DONE]"])
+        assert await lines.__anext__() == "piece hello"
+        job.items.put_nowait(Done(GenerationStats(), 0.0))
+        following = asyncio.ensure_future(lines.__anext__())
+        await asyncio.sleep(0.2)
+        assert not following.done()  # the answer is complete, but its worker has not been freed yet
+        job.items.put_nowait(END)
+        assert await asyncio.wait_for(following, timeout=5) == "last"
+        assert await lines.__anext__() == "[DONE]"
+        await lines.aclose()
+
+    asyncio.run(scenario())
+
+
 # ----------------------------------------------------------------------------- /infill
 def _greedy_infill(decoder, prefix, suffix, n, extra=(), prompt=""):
     from specdec.sampling.processors import SamplingConfig

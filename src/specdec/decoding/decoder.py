@@ -71,7 +71,8 @@ class SpeculativeDecoder:
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
-        self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked)
+        self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked:
+        # a GPU provider, or a cache too small to compare)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -116,8 +117,9 @@ class SpeculativeDecoder:
                 for role, spec in reversed(manifest.models().items())
             }
         runners["target"].pad_one_row = exact_rows
-        rows_exact = check_one_row(runners["target"])
-        if not rows_exact:
+        # onnxruntime's CPU kernels are what was measured; a GPU's 1- and 2-row GEMMs are another matter (never run)
+        rows_exact = check_one_row(runners["target"]) if provider == "cpu" else None
+        if rows_exact is False:
             log.warning("on this CPU a one-token pass of the target rounds unlike a row of a wider pass: greedy "
                         "speculation may part from target-only decoding on near-ties (exact_rows=True / "
                         "--exact-rows runs one-token passes as two rows and keeps it exact)")

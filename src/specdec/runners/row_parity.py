@@ -12,22 +12,25 @@ from __future__ import annotations
 import numpy as np
 
 PREFIX = 8  # cached tokens behind the compared passes
+WIDE = 5  # the verify pass compared against
 TOKENS = (220, 284, 198)  # ids below any vocabulary size a bundle has (a space, " =", a newline in Qwen's)
 
 
-def check_one_row(runner) -> bool:
-    """True when the one-token pass's logits equal the first row of a two-row pass over the same token, and
-    the rows agree bit for bit. Runs on the runner's cache and resets it (call before serving)."""
-    if runner.max_context < PREFIX + 3 or runner.max_step_tokens < 2:
-        return True  # too small a cache to tell: nothing to compare
+def check_one_row(runner) -> bool | None:
+    """True when a one-token pass (as this runner runs it: padded or not) and a two-row pass give the first row
+    of a ``WIDE``-row verify pass bit for bit; None when the cache is too small to tell. Runs on the runner's
+    cache and resets it (call before serving)."""
+    if runner.max_context < PREFIX + WIDE + 1 or runner.max_step_tokens < WIDE:
+        return None
     vocab = runner.spec.vocab_size
-    ids = [TOKENS[i % len(TOKENS)] % vocab for i in range(PREFIX + 2)]
+    ids = [TOKENS[i % len(TOKENS)] % vocab for i in range(PREFIX + WIDE)]
     try:
         runner.reset()
         runner.forward(ids[:PREFIX], range(PREFIX))
         runner.commit(PREFIX)
         one = np.array(runner.forward(ids[PREFIX : PREFIX + 1], [PREFIX]))[0]
-        wide = np.array(runner.forward(ids[PREFIX : PREFIX + 2], [PREFIX, PREFIX + 1]))[0]
+        two = np.array(runner.forward(ids[PREFIX : PREFIX + 2], [PREFIX, PREFIX + 1]))[0]
+        wide = np.array(runner.forward(ids[PREFIX:], range(PREFIX, PREFIX + WIDE)))[0]
     finally:
         runner.reset()
-    return bool(np.array_equal(one, wide))
+    return bool(np.array_equal(one, wide) and np.array_equal(two, wide))

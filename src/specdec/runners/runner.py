@@ -96,8 +96,8 @@ class Runner:
         count, past = len(tokens), self.length
         if count < 1:
             raise ValueError("a pass needs at least one token")
-        if (count == 1 and self.pad_one_row and parents is None and visible_past is None
-                and past + 2 <= self.max_context and self.max_step_tokens >= 2):
+        if (count == 1 and self.pad_one_row and visible_past is None and (parents is None or int(parents[0]) == -1)
+                and past + 2 <= self.max_context and self.max_step_tokens >= 2):  # a one-node tree is a chain
             # the token twice, every row's logits: the multi-row kernels' rounding, as in a verify pass; the
             # second row's KV slot lies past the one committed and the next pass overwrites it
             return self.forward([tokens[0]] * 2, [positions[0], positions[0] + 1])[:1]

@@ -358,18 +358,22 @@ class Generation:
         return done
 
     async def events(self, job, first, piece_line, last_lines):
-        """SSE lines: ``piece_line(text)`` per text piece, then ``last_lines(done)``; errors in-band."""
-        item = first
+        """SSE lines: ``piece_line(text)`` per text piece, then ``last_lines(done)``; errors in-band.
+
+        The last lines (``[DONE]``) wait for the job's END, which the pool sends once the worker is free: a client
+        that sends its next turn on ``[DONE]`` is then routed to the worker holding its cache."""
+        item, last = first, []
         try:
             while item is not END:
                 if isinstance(item, Done):
-                    for line in last_lines(self.finished(item, job)):
-                        yield line
+                    last = list(last_lines(self.finished(item, job)))
                 else:
                     line = piece_line(item)
                     if line:
                         yield line
                 item = await job.get()
+            for line in last:
+                yield line
         except JobCancelled:
             yield sse({"error": {"message": "the server is shutting down: generation cancelled",
                                  "type": "server_error", "param": None, "code": "shutting_down"}})

@@ -171,15 +171,17 @@ class DecoderPool:
             try:
                 last = self._run(job, decoder)
             finally:
-                with self._lock:
-                    self.busy -= 1
-                    self._active.discard(job)
-                    self._assigned[index] = None
-                    self._idle.notify_all()
-                    self._dispatch()
-                # Only now, with the worker free: a client that sends its next request the moment this one
-                # ends (a chat's next turn) is routed to the worker that holds its cache, not to another.
-                job._put(last)
+                try:
+                    with self._lock:
+                        self.busy -= 1
+                        self._active.discard(job)
+                        self._assigned[index] = None
+                        self._idle.notify_all()
+                        self._dispatch()
+                finally:
+                    # Only now, with the worker free: a client that sends its next request the moment this one
+                    # ends (a chat's next turn) is routed to the worker that holds its cache, not to another.
+                    job._put(last)
 
     def _run(self, job: Job, decoder):
         """Forward the job's items; return what ends it (END or a _Failure), which _serve delivers once

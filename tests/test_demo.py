@@ -34,3 +34,24 @@ def test_every_demo_run_starts_cold(chat_bundle, monkeypatch):
 def test_demo_bad_options_are_one_line(capsys, tmp_path):
     assert main(["demo", "--bundle", str(tmp_path), "--repeat", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_demo_explains_a_rounding_cpu_and_takes_exact_rows(chat_bundle, capsys, monkeypatch):
+    """On a CPU whose one-row pass rounds otherwise the demo says why a mode may read NO and names --exact-rows;
+    with the flag the target's one-token passes are padded."""
+    from specdec.decoding import decoder as decoder_module
+
+    loaded = []
+    load = decoder_module.SpeculativeDecoder.load.__func__
+
+    def spy(cls, *args, **kwargs):
+        loaded.append(load(cls, *args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(decoder_module.SpeculativeDecoder, "load", classmethod(spy))
+    argv = ["demo", "--bundle", str(chat_bundle), "--max-new-tokens", "4", "--repeat", "1"]
+    assert main(argv + ["--exact-rows"]) == 0
+    assert loaded[-1].target.pad_one_row and "--exact-rows keeps" not in capsys.readouterr().out
+    monkeypatch.setattr(decoder_module, "check_one_row", lambda runner: False)
+    assert main(argv) == 0
+    assert not loaded[-1].target.pad_one_row and "--exact-rows keeps" in capsys.readouterr().out

@@ -106,8 +106,9 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            process.wait(timeout=60)
+            # removing the application and stopping Ray took over 60 s once in a full run on 2 loaded cores
+            process.wait(timeout=150)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
-    assert process.returncode == 0
+    assert process.returncode == 0, "Ctrl-C did not stop the Ray server within 150 s"

@@ -80,7 +80,7 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--ray", "--replicas", "2",
+        [sys.executable, "-X", "faulthandler", "-m", "specdec.cli.main", "serve", str(chat_bundle), "--ray", "--replicas", "2",
          "--cpus-per-replica", "0.5", "--host", "127.0.0.1", "--port", str(port), "--model-name", MODEL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -109,6 +109,13 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
             # removing the application and stopping Ray took over 60 s once in a full run on 2 loaded cores
             process.wait(timeout=150)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-    assert process.returncode == 0, "Ctrl-C did not stop the Ray server within 150 s"
+            process.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+    if process.returncode != 0:
+        output = process.stdout.read() if process.stdout else ""
+        raise AssertionError(f"Ctrl-C did not stop the Ray server within 150 s (exit {process.returncode}); "
+                             f"its last output:\n{output[-12000:]}")

@@ -137,8 +137,12 @@ def start(options: RayOptions, **local):
 def serve_on_ray(options: RayOptions) -> int:
     """``specdec serve --ray``: deploy, then block until Ctrl-C, then remove the application. Ctrl-C while it
     deploys (``serve.run`` waits until every replica is up, which can be after they answer) stops it alike."""
+    import signal
     import time
 
+    # SIGINT stops the server even when it was started in the background, whose shells leave SIGINT ignored (a
+    # child inherits that, and Python then never raises KeyboardInterrupt: the loop below would sleep on forever)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _local_environment(options.address)  # before Ray is imported
     import ray
     from ray import serve

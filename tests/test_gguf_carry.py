@@ -188,6 +188,35 @@ def test_narrow_rounds_the_wider_types_to_4_bits_but_the_named_weights(pair):
     assert error < 6e-3
 
 
+def test_narrow_keeps_the_wide_roles_at_their_width_inside_a_packed_weight(pair):
+    """``wide_roles={"attn_v"}``: v (Q6_K) stays 8-bit though it shares the packed QKV with 4-bit q and k: two
+    MatMulNBits runs and a Concat, v's columns at the Q6_K values (rounded as the test above, ~30x further off)."""
+    path, model = pair
+    ids = np.array([[3, 17, 40, 5]], np.int64)
+    reference = _run(model, ids)
+    rounded = onnx.ModelProto()
+    rounded.CopyFrom(model)
+    gguf_carry.carry_gguf_weights(rounded, path, 0, narrow=True)
+    report = gguf_carry.carry_gguf_weights(model, path, 0, narrow=True, wide_roles=frozenset({"attn_v"}))
+    nodes = {n.name: n for n in model.graph.node}
+    bits = {name: next(a.i for a in n.attribute if a.name == "bits") for name, n in nodes.items()
+            if n.op_type == "MatMulNBits"}
+    assert sorted(bits.values()) == [4, 4, 8]  # q+k, v (8-bit), down (Q8_0 rounded: not a wide role)
+    assert any(n.op_type == "Concat" for n in model.graph.node)
+    assert report.exact_blocks["Q6_K"] > 0.4  # the carried v holds most Q6_K blocks exactly (grid test above)
+    v_columns = slice(320, 384)
+    scale = np.abs(reference[1][..., v_columns]).max()
+    kept = np.abs(_run(model, ids)[1][..., v_columns] - reference[1][..., v_columns]).max() / scale
+    lost = np.abs(_run(rounded, ids)[1][..., v_columns] - reference[1][..., v_columns]).max() / scale
+    assert kept < 6e-3 and lost > 3e-2, (kept, lost)  # measured: 2.0e-3 and 6.0e-2
+
+
+@pytest.mark.parametrize("name,role", [("blk.3.attn_v.weight", "attn_v"), ("blk.12.ffn_down.weight", "ffn_down"),
+                                       ("output.weight", ""), ("token_embd.weight", "")])
+def test_block_role_of_a_gguf_tensor_name(name, role):
+    assert gguf_carry.block_role(name) == role
+
+
 def test_auto_carries_gguf_sources_and_rounds_the_rest(tmp_path):
     from specdec.export.bundle import ExportOptions
 

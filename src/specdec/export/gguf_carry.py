@@ -17,8 +17,9 @@ embedding are found in the GGUF by value and written from the GGUF's own blocks 
 - a weight whose columns mix 4- and 8-bit tensors (QKV where v is Q6_K) becomes one MatMulNBits per run of
   columns and a Concat;
 - the embedding becomes a GatherBlockQuantized of the same grid (plus a Gather of the corrections);
-- ``gguf-int4`` (``narrow``): 8-bit grids are rounded to 4 bits instead (but the named ``wide_weights``), so a
-  token reads about the bytes of plain int4 while Q4_K tensors keep the GGUF's values.
+- ``gguf-int4`` (``narrow``): 8-bit grids are rounded to 4 bits instead (but the named ``wide_weights`` and the
+  block roles in ``wide_roles``: ``quantize.GGUF_INT4_WIDE_ROLES``), so a token reads about the bytes of plain
+  int4 while Q4_K tensors keep the GGUF's values.
 
 Where a tensor is not found (another source, a type not in ``gguf_blocks.KINDS``), it is left as it is and the
 caller's generic quantization takes it.
@@ -78,6 +79,12 @@ class GGUFTensors:
 
 def _key(row: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(row, np.float32).tobytes()).hexdigest()
+
+
+def block_role(name: str) -> str:
+    """``attn_v`` of ``blk.3.attn_v.weight``; a tensor outside the blocks (``output.weight``) has no role: ""."""
+    parts = name.split(".")
+    return parts[2] if len(parts) == 4 and parts[0] == "blk" else ""
 
 
 def match_columns(weight: np.ndarray, tensors: GGUFTensors) -> list | None:
@@ -274,12 +281,14 @@ class _Builder:
 
 
 def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narrow: bool = False,
-                       wide_weights: frozenset = frozenset()) -> CarryReport:
+                       wide_weights: frozenset = frozenset(), wide_roles: frozenset = frozenset()) -> CarryReport:
     """Replace every MatMul (constant 2-D float weight) and the token-embedding Gather whose values are found in
     ``gguf_path`` by nodes holding the GGUF's own blocks, in place (module docstring).
 
     ``narrow``: every tensor the GGUF stores in more than 4 bits (Q5_0, Q6_K, Q8_0) is rounded to 4 bits instead
-    (``gguf_blocks.rounded_to_4_bits``) but the initializers named in ``wide_weights`` (e.g. the lm_head's)."""
+    (``gguf_blocks.rounded_to_4_bits``) but the initializers named in ``wide_weights`` (e.g. the lm_head's) and the
+    GGUF tensors of the block roles in ``wide_roles`` (``blk.N.ROLE.weight``, e.g. ``attn_v``), which keep their
+    width even where they share a weight with 4-bit tensors (the packed QKV)."""
     from onnx import helper, numpy_helper
 
     tensors = GGUFTensors(gguf_path)
@@ -305,7 +314,8 @@ def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narro
             continue
         grids = [(tensor.tensor_type.name, grid_of(tensor.data, tensor.tensor_type.name)) for tensor, _, _ in segments]
         if narrow and weight.name not in wide_weights:
-            grids = [(kind, rounded_to_4_bits(grid)) for kind, grid in grids]
+            grids = [(kind, grid if block_role(tensor.name) in wide_roles else rounded_to_4_bits(grid))
+                     for (kind, grid), (tensor, _, _) in zip(grids, segments)]
         for kind, grid in grids:
             report.carried[kind] = report.carried.get(kind, 0) + 1
             count = exact.setdefault(kind, [0.0, 0])

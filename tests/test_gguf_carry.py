@@ -203,7 +203,8 @@ def test_narrow_keeps_the_wide_roles_at_their_width_inside_a_packed_weight(pair)
             if n.op_type == "MatMulNBits"}
     assert sorted(bits.values()) == [4, 4, 8]  # q+k, v (8-bit), down (Q8_0 rounded: not a wide role)
     assert any(n.op_type == "Concat" for n in model.graph.node)
-    assert report.exact_blocks["Q6_K"] > 0.4  # the carried v holds most Q6_K blocks exactly (grid test above)
+    assert report.exact_blocks["Q6_K"] > 0.4  # the carried v holds over half its Q6_K blocks exactly (grid test above)
+    assert report.to_dict()["rounded_to_4_bits"] == {"Q8_0": 1}  # down; v kept: the manifest tells the two apart
     v_columns = slice(320, 384)
     scale = np.abs(reference[1][..., v_columns]).max()
     kept = np.abs(_run(model, ids)[1][..., v_columns] - reference[1][..., v_columns]).max() / scale
@@ -212,9 +213,32 @@ def test_narrow_keeps_the_wide_roles_at_their_width_inside_a_packed_weight(pair)
 
 
 @pytest.mark.parametrize("name,role", [("blk.3.attn_v.weight", "attn_v"), ("blk.12.ffn_down.weight", "ffn_down"),
-                                       ("output.weight", ""), ("token_embd.weight", "")])
+                                       ("output.weight", ""), ("token_embd.weight", ""), ("blk.x.attn_v.weight", ""),
+                                       ("blk.3.attn_v.bias", "")])
 def test_block_role_of_a_gguf_tensor_name(name, role):
     assert gguf_carry.block_role(name) == role
+
+
+def test_gguf_int4_passes_its_wide_roles_to_the_carrying(monkeypatch, tmp_path):
+    """The method, not only the function: gguf-int4 narrows but keeps GGUF_INT4_WIDE_ROLES; gguf keeps all."""
+    from specdec.export import quantize
+
+    calls = []
+
+    def recording(model, path, level, narrow=False, wide_weights=frozenset(), wide_roles=frozenset()):
+        calls.append((narrow, wide_roles))
+        raise RuntimeError("stop after the call")
+
+    monkeypatch.setattr(gguf_carry, "carry_gguf_weights", recording)
+    model = _model(np.zeros((K, 8), np.float32), np.zeros((8, 4), np.float32), np.zeros((VOCAB, K), np.float32))
+    source = tmp_path / "m.onnx"
+    onnx.save(model, str(source))
+    for method in ("gguf-int4", "gguf"):
+        with pytest.raises(RuntimeError, match="stop after the call"):
+            quantize._quantize(source, tmp_path / "out.onnx", "int4", 0, recipe=quantize.QuantRecipe(method),
+                               gguf_path=tmp_path / "m.gguf")
+    assert calls == [(True, quantize.GGUF_INT4_WIDE_ROLES), (False, quantize.GGUF_INT4_WIDE_ROLES)]
+    assert "attn_v" in quantize.GGUF_INT4_WIDE_ROLES
 
 
 def test_auto_carries_gguf_sources_and_rounds_the_rest(tmp_path):

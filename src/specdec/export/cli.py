@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "source, rtn otherwise): rtn = symmetric round-to-nearest; rtn-asym = min/max with zero "
                              "points; k-quant = llama.cpp's k-quant scale/min search; gguf = a GGUF source's own "
                              "blocks carried over (Q4_K as 4-bit, Q5_0/Q6_K/Q8_0 as 8-bit: the GGUF's weights); "
-                             "gguf-int4 = Q4_K carried, wider types rounded to 4 bits (docs/bundle.md)")
+                             "gguf-int4 = Q4_K carried, wider types rounded to 4 bits but attn_v (docs/bundle.md)")
     parser.add_argument("--draft-quant-method", default=None, choices=["auto", *QUANT_METHODS],
                         help="--quant int4: the draft's method when it should differ from --quant-method")
     parser.add_argument("--lm-head-bits", type=int, default=None, choices=list(LM_HEAD_BITS),

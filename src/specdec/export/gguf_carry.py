@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,9 +47,11 @@ class CarryReport:
     carried: dict = field(default_factory=dict)  # GGUF type -> count
     exact_blocks: dict = field(default_factory=dict)  # GGUF type -> share of blocks held exactly (Q6_K)
     left: list = field(default_factory=list)  # initializer names not found in the GGUF
+    rounded: dict = field(default_factory=dict)  # GGUF type -> tensors rounded to 4 bits (gguf-int4), of those carried
 
     def to_dict(self) -> dict:
         return {"carried": dict(sorted(self.carried.items())), "left": len(self.left),
+                "rounded_to_4_bits": dict(sorted(self.rounded.items())),
                 "exact_blocks": {k: round(v, 4) for k, v in sorted(self.exact_blocks.items())}}
 
 
@@ -82,9 +85,10 @@ def _key(row: np.ndarray) -> str:
 
 
 def block_role(name: str) -> str:
-    """``attn_v`` of ``blk.3.attn_v.weight``; a tensor outside the blocks (``output.weight``) has no role: ""."""
-    parts = name.split(".")
-    return parts[2] if len(parts) == 4 and parts[0] == "blk" else ""
+    """``attn_v`` of ``blk.3.attn_v.weight``; a tensor outside the blocks (``output.weight``) has no role: "".
+    A fused GGUF tensor (``attn_qkv``, other architectures) has its own role: its v is not ``attn_v``."""
+    match = re.fullmatch(r"blk\.\d+\.([^.]+)\.weight", name)
+    return match.group(1) if match else ""
 
 
 def match_columns(weight: np.ndarray, tensors: GGUFTensors) -> list | None:
@@ -316,6 +320,9 @@ def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narro
         if narrow and weight.name not in wide_weights:
             grids = [(kind, grid if block_role(tensor.name) in wide_roles else rounded_to_4_bits(grid))
                      for (kind, grid), (tensor, _, _) in zip(grids, segments)]
+            for kind, grid in grids:
+                if grid.bits == 4 and kind != "Q4_K":
+                    report.rounded[kind] = report.rounded.get(kind, 0) + 1
         for kind, grid in grids:
             report.carried[kind] = report.carried.get(kind, 0) + 1
             count = exact.setdefault(kind, [0.0, 0])

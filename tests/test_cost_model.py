@@ -53,6 +53,40 @@ def test_auto_controller_tracks_acceptance_and_probes():
     assert auto.acceptance > 0.9 and auto.choose() >= 1
 
 
+def test_probes_back_off_while_they_find_speculation_losing_and_reset_when_it_wins():
+    """With backoff the waits between probes double (16, 32, 64, then 64 again at the cap); a round that speculates
+    on its merits brings the next wait back to 16. Without it (the lookup controllers) a probe every 16 rounds."""
+    def probe_rounds(auto, rounds):
+        return [index for index in range(rounds) if auto.choose() and auto.probing]
+
+    backoff = AutoDraftLength(GENAI, prior_acceptance=0.05, probe_every=16, max_probe_every=64)
+    assert probe_rounds(backoff, 240) == [15, 47, 111, 175, 239]
+    for _ in range(30):
+        backoff.observe(proposed=4, accepted=4)
+    assert backoff.choose() >= 1 and not backoff.probing  # speculation wins again on its merits
+    for _ in range(40):
+        backoff.observe(proposed=2, accepted=0)
+    assert probe_rounds(backoff, 16) == [15]  # the wait starts again at 16
+    steady = AutoDraftLength(GENAI, prior_acceptance=0.05, probe_every=16)
+    assert probe_rounds(steady, 64) == [15, 31, 47, 63]
+
+
+def test_the_draft_controller_backs_off_its_probes():
+    """The plan's draft controller probes with backoff (its probe makes the draft read what it missed); lookup's
+    controllers, whose probes cost only a wider verify pass, do not."""
+    from specdec.decoding.proposers import DRAFT_MAX_PROBE_EVERY, ProposalPlan
+    from specdec.decoding.request import Request
+    from specdec.sampling.processors import SamplingConfig
+
+    greedy = SamplingConfig(temperature=0.0)
+    plan = ProposalPlan(Request((1, 2, 3), 8, greedy, "auto", None, proposer="draft"), has_draft=True,
+                        max_context=64, costs=GENAI)
+    assert plan.model_auto.max_probe_every == DRAFT_MAX_PROBE_EVERY > plan.model_auto.probe_every
+    lookup = ProposalPlan(Request((1, 2, 3), 8, greedy, "auto", None, proposer="lookup"), has_draft=False,
+                          max_context=64, costs=GENAI)
+    assert all(auto.max_probe_every == auto.probe_every for auto in lookup.lookup_autos.values())
+
+
 def test_auto_mode_is_greedy_exact(tiny_decoder):
     prompt = "def add(a, b):\n    return"
     baseline = tiny_decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0)

@@ -120,17 +120,23 @@ class AutoDraftLength:
     exponentially decayed counts: accepted / (accepted + rejections). When the bound says
     speculation loses, rounds run target-only and every ``probe_every`` rounds one probe
     round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
+    ``max_probe_every`` > ``probe_every``: each probe that leaves speculation losing doubles the wait for the
+    next, up to that many rounds, and a round that speculates on its merits resets it (a draft model's probe
+    is not free: the draft first reads every token committed since it last ran).
     The costs follow the passes the request actually runs (``ObservedCosts``).
     """
 
     def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
-                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8):
+                 decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8,
+                 max_probe_every: int | None = None):
         self.observed = ObservedCosts(costs, cost_decay)
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted = prior_acceptance * prior_weight
         self.rejected = (1.0 - prior_acceptance) * prior_weight
         self.decay = decay
         self.probe_every = probe_every
+        self.max_probe_every = max(probe_every, max_probe_every or probe_every)
+        self.probe_wait = probe_every  # rounds without speculation before the next probe
         self.min_gain = min_gain  # speculation must promise at least this ratio to be tried
         self.rounds_without_draft = 0
         self.probing = False  # the latest choose() is a probe round: g=1 to refresh the estimate
@@ -145,10 +151,12 @@ class AutoDraftLength:
         self.probing = False
         if gamma > 0 and speedup >= self.min_gain:
             self.rounds_without_draft = 0
+            self.probe_wait = self.probe_every
             return gamma
         self.rounds_without_draft += 1
-        if self.rounds_without_draft >= self.probe_every:
+        if self.rounds_without_draft >= self.probe_wait:
             self.rounds_without_draft = 0
+            self.probe_wait = min(2 * self.probe_wait, self.max_probe_every)
             self.probing = True
             return 1
         return 0

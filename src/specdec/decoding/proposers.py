@@ -32,6 +32,8 @@ from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
 from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache, SuffixTree, cost_cut
 
 DRAFT_CATCH_UP_ROUNDS = 4  # auto hybrid (suffix | draft): the draft's catch-up pass charged over this many rounds
+# auto: the longest wait between the draft's probe rounds once probes keep finding it loses (16, 32, 64, 128)
+DRAFT_MAX_PROBE_EVERY = 128
 # auto lookup: prior acceptance per matched n-gram size (a longer match predicts its continuation better)
 LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
 
@@ -83,7 +85,8 @@ class ProposalPlan:
             if costs is None:
                 raise ValueError("auto proposal lengths need measured costs")
             if self.uses_draft:
-                self.model_auto = AutoDraftLength(costs, max_gamma=AUTO_MAX_DRAFT_TOKENS)
+                self.model_auto = AutoDraftLength(costs, max_gamma=AUTO_MAX_DRAFT_TOKENS,
+                                                  max_probe_every=DRAFT_MAX_PROBE_EVERY)
             if self.uses_lookup:
                 # a lookup proposal costs nothing to make: only the verify pass grows with its length
                 self.lookup_autos = {

@@ -320,11 +320,10 @@ def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narro
         if narrow and weight.name not in wide_weights:
             grids = [(kind, grid if block_role(tensor.name) in wide_roles else rounded_to_4_bits(grid))
                      for (kind, grid), (tensor, _, _) in zip(grids, segments)]
-            for kind, grid in grids:
-                if grid.bits == 4 and kind != "Q4_K":
-                    report.rounded[kind] = report.rounded.get(kind, 0) + 1
         for kind, grid in grids:
             report.carried[kind] = report.carried.get(kind, 0) + 1
+            if grid.bits == 4 and kind != "Q4_K":  # a wider type rounded (gguf-int4)
+                report.rounded[kind] = report.rounded.get(kind, 0) + 1
             count = exact.setdefault(kind, [0.0, 0])
             count[0] += grid.exact_blocks * grid.scale.size  # a rounded grid holds none exactly
             count[1] += grid.scale.size

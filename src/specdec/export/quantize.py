@@ -51,9 +51,10 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 QUANT_METHODS = ("rtn", "rtn-asym", "k-quant", "gguf", "gguf-int4")
 GGUF_METHODS = ("gguf", "gguf-int4")
 # gguf-int4 keeps these GGUF block roles at their width (8-bit) instead of rounding them to 4 bits: a Q4_K_M file
-# holds attn_v as Q6_K in half the 1.5B's layers (Q5_0 / Q8_0 in the 0.5B's), 0.4% of the Qwen2.5-Coder 1.5B's weights, and keeping them moved
-# its perplexity from +1.67% to +1.29% of llama.cpp's (docs/bundle.md); ffn_down's Q6_K half (12% of the weights)
-# moved it only 0.19% further, for about 9-10% more bytes per token (estimated), and stays rounded.
+# holds attn_v as Q6_K in half the 1.5B's layers (Q5_0 / Q8_0 in the 0.5B's), 0.4% of the Qwen2.5-Coder 1.5B's
+# weights, and keeping them moved its perplexity from +1.67% to +1.29% of llama.cpp's (docs/bundle.md); ffn_down's
+# Q6_K half (12% of the weights) moved it only 0.19% further, for about 9-10% more bytes per token (estimated),
+# and stays rounded.
 GGUF_INT4_WIDE_ROLES = frozenset({"attn_v"})
 LM_HEAD_BITS = (4, 8)
 K_QUANT_CHUNK = 1 << 22  # weights per k-quant call: its ~10 float temporaries stay ~160 MB

@@ -2,7 +2,8 @@
 
 import pytest
 
-from specdec.decoding.cost_model import AutoDraftLength, Costs, best_gamma, expected_speedup, expected_tokens_per_round
+from specdec.decoding.cost_model import (AutoDraftLength, Costs, ProbeBudget, best_gamma, expected_speedup,
+                                         expected_tokens_per_round)
 
 # onnxruntime-genai's int4 curve on this machine (issue 7): T=2 1.13x, T=3 1.40x, T=5 1.91x, T=8 2.70x
 GENAI = Costs(draft_step=0.37, verify=(1.0, 1.13, 1.40, 1.65, 1.91, 2.18, 2.44, 2.70, 2.95))
@@ -85,6 +86,71 @@ def test_the_draft_controller_backs_off_its_probes():
     lookup = ProposalPlan(Request((1, 2, 3), 8, greedy, "auto", None, proposer="lookup"), has_draft=False,
                           max_context=64, costs=GENAI)
     assert all(auto.max_probe_every == auto.probe_every for auto in lookup.lookup_autos.values())
+
+
+def test_the_probe_budget_earns_a_share_and_spends_only_what_it_holds():
+    budget = ProbeBudget(0.05)
+    budget.earn(10.0)
+    assert budget.credit == pytest.approx(0.5)
+    assert not budget.spend(0.6) and budget.credit == pytest.approx(0.5)  # refused: nothing taken
+    assert budget.spend(0.4) and budget.credit == pytest.approx(0.1)
+    budget.reset()
+    assert budget.credit == 0.0
+    unlimited = ProbeBudget(None)
+    assert unlimited.spend(1e9)
+    for share in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="probe share"):
+            ProbeBudget(share)
+
+
+def test_a_due_probe_waits_for_the_budget_and_probes_stay_within_their_share():
+    """The round wait says a probe is due; with a budget it runs only once the budget holds its estimated cost,
+    so the probes' estimated seconds stay within the share of the target seconds observed, and a draft that
+    lags further (a dearer catch-up) probes later. Without a budget the due probe runs at once."""
+    def run(budget, lag, rounds=400):
+        auto = AutoDraftLength(GENAI, prior_acceptance=0.05, probe_every=16, max_probe_every=64, budget=budget)
+        probes, spent, earned = [], 0.0, 0.0
+        for index in range(rounds):
+            cost = auto.probe_cost(lag)
+            if auto.choose(lag) and auto.probing:
+                probes.append(index)
+                spent += cost
+            auto.observe_pass("target", 1, GENAI.verify[0])
+            earned += GENAI.verify[0]
+        return probes, spent, earned
+
+    free, _, _ = run(None, 40)
+    assert free[:3] == [15, 47, 111]
+    near, spent, earned = run(ProbeBudget(0.03), 8)
+    far, far_spent, _ = run(ProbeBudget(0.03), 40)
+    assert near and far and near[0] > free[0] and far[0] > near[0]
+    assert spent <= 0.03 * earned and far_spent <= 0.03 * earned
+    assert len(far) < len(near) <= len(free)
+
+
+def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decoder):
+    from specdec.bench.bench import start_cold
+    from specdec.decoding.proposers import DRAFT_PROBE_SHARE, ProposalPlan
+
+    budget = tiny_decoder.probe_budget
+    assert budget.share == DRAFT_PROBE_SHARE
+    assert tiny_decoder.fork().probe_budget is budget
+    seen = []
+    original = ProposalPlan.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append(self.model_auto.budget if self.model_auto is not None else None)
+
+    ProposalPlan.__init__ = spy
+    try:
+        tiny_decoder.generate("def add(a, b):\n    return", max_new_tokens=8, num_draft_tokens="auto", proposer="draft")
+    finally:
+        ProposalPlan.__init__ = original
+    assert seen == [budget]
+    assert budget.credit > 0.0  # the request's target passes earned credit
+    start_cold(tiny_decoder)
+    assert budget.credit == 0.0  # a bench run starts without earlier runs' credit
 
 
 def test_auto_mode_is_greedy_exact(tiny_decoder):

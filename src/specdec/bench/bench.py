@@ -227,11 +227,13 @@ def _version(package: str) -> str | None:
 
 
 def start_cold(decoder) -> None:
-    """Before a timed run: the run prefills from token 0 (no mode inherits another's KV cache) and finds no earlier
-    run's output to match in the suffix store."""
+    """Before a timed run: the run prefills from token 0 (no mode inherits another's KV cache), finds no earlier
+    run's output to match in the suffix store, and its draft probes start without credit from earlier runs."""
     decoder.clear_cache()
     if getattr(decoder, "suffix_cache", None) is not None:
         decoder.suffix_cache.clear()
+    if getattr(decoder, "probe_budget", None) is not None:
+        decoder.probe_budget.reset()
 
 
 def cpu_model() -> str | None:

@@ -12,6 +12,7 @@ per-request controller for ``num_draft_tokens="auto"``.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -113,6 +114,42 @@ class ObservedCosts:
                            tuple(cost * self.target_scale for cost in calibrated.verify))
 
 
+class ProbeBudget:
+    """What the draft model's probe rounds may spend: ``share`` of the target's decode seconds, earned as they
+    are spent and carried across requests (one budget per decoder, shared by its forks: thread-safe).
+
+    A probe round runs the draft where the estimates say it loses, to learn whether it has started to win; it
+    costs the draft's catch-up over every token committed since it last ran, which after a long prompt read
+    lazily or many suffix rounds is many one-token passes' worth. The budget holds those probes to a fixed
+    share of decode time whatever the prompt length and the round count (``share`` None: no limit)."""
+
+    def __init__(self, share: float | None):
+        if share is not None and not 0.0 <= share <= 1.0:
+            raise ValueError(f"the probe share must be in [0, 1], got {share!r}")
+        self.share = share
+        self.credit = 0.0  # seconds the next probes may spend
+        self._lock = threading.Lock()
+
+    def earn(self, seconds: float) -> None:
+        if self.share is not None:
+            with self._lock:
+                self.credit += self.share * seconds
+
+    def spend(self, seconds: float) -> bool:
+        """Take ``seconds`` from the credit if it holds them; False (nothing taken): not now."""
+        if self.share is None:
+            return True
+        with self._lock:
+            if self.credit < seconds:
+                return False
+            self.credit -= seconds
+            return True
+
+    def reset(self) -> None:
+        with self._lock:
+            self.credit = 0.0
+
+
 class AutoDraftLength:
     """Chooses g for each round from the costs and a running acceptance estimate.
 
@@ -122,13 +159,15 @@ class AutoDraftLength:
     round at g=1 refreshes the estimate (acceptance changes along a text: code vs prose).
     ``max_probe_every`` > ``probe_every``: each probe that leaves speculation losing doubles the wait for the
     next, up to that many rounds, and a round that speculates on its merits resets it (a draft model's probe
-    is not free: the draft first reads every token committed since it last ran).
+    is not free: the draft first reads every token committed since it last ran). With a ``budget``
+    (``ProbeBudget``) a due probe also waits until the budget holds its estimated cost (``probe_cost``); the
+    budget earns from the target passes this controller sees.
     The costs follow the passes the request actually runs (``ObservedCosts``).
     """
 
     def __init__(self, costs: Costs, max_gamma: int = 8, prior_acceptance: float = 0.7, prior_weight: float = 2.0,
                  decay: float = 0.9, probe_every: int = 16, min_gain: float = 1.02, cost_decay: float = 0.8,
-                 max_probe_every: int | None = None):
+                 max_probe_every: int | None = None, budget: ProbeBudget | None = None):
         self.observed = ObservedCosts(costs, cost_decay)
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted = prior_acceptance * prior_weight
@@ -140,13 +179,15 @@ class AutoDraftLength:
         self.min_gain = min_gain  # speculation must promise at least this ratio to be tried
         self.rounds_without_draft = 0
         self.probing = False  # the latest choose() is a probe round: g=1 to refresh the estimate
+        self.budget = budget
 
     @property
     def acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def choose(self) -> int:
-        """This round's g (0: no draft); ``probing`` says whether it is a probe round."""
+    def choose(self, lag: int = 0) -> int:
+        """This round's g (0: no draft); ``probing`` says whether it is a probe round. ``lag``: committed tokens
+        the draft has not read (what a probe round would make it catch up on)."""
         gamma, speedup = best_gamma(self.acceptance, self.costs, self.max_gamma)
         self.probing = False
         if gamma > 0 and speedup >= self.min_gain:
@@ -154,7 +195,8 @@ class AutoDraftLength:
             self.probe_wait = self.probe_every
             return gamma
         self.rounds_without_draft += 1
-        if self.rounds_without_draft >= self.probe_wait:
+        if self.rounds_without_draft >= self.probe_wait and (
+                self.budget is None or self.budget.spend(self.probe_cost(lag))):
             self.rounds_without_draft = 0
             self.probe_wait = min(2 * self.probe_wait, self.max_probe_every)
             self.probing = True
@@ -165,6 +207,12 @@ class AutoDraftLength:
         """Expected emitted tokens per second of a round with ``gamma`` proposals, at the current estimates."""
         cost = gamma * self.costs.draft_step + self.costs.verify_cost(gamma + 1) + extra_seconds
         return expected_tokens_per_round(self.acceptance, gamma) / cost
+
+    def probe_cost(self, lag: int) -> float:
+        """Estimated seconds a probe round adds to a target-only round: the draft's pass over ``lag`` tokens and
+        its proposal, and the target's second row."""
+        costs = self.costs
+        return (self.draft_catch_up(lag) + costs.draft_step + costs.verify_cost(2) - costs.verify_cost(1))
 
     def draft_catch_up(self, lag: int) -> float:
         """Extra seconds of the draft's first pass when it must first read ``lag`` tokens it has not seen
@@ -181,6 +229,8 @@ class AutoDraftLength:
 
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
         self.observed.observe_pass(role, tokens, seconds)
+        if role == "target" and self.budget is not None:
+            self.budget.earn(seconds)
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
 from specdec.decoding.calibration_store import calibration_key, load_costs, save_costs
-from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, calibrate
+from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, ProbeBudget, calibrate
 from specdec.runners.fused import make_runner
 from specdec.decoding.prompt_cache import PromptCache
-from specdec.decoding.proposers import ProposalPlan, plan_needs_costs, plan_uses_draft
+from specdec.decoding.proposers import DRAFT_PROBE_SHARE, ProposalPlan, plan_needs_costs, plan_uses_draft
 from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_TREE_NODES, GenerationError, GenerationResult,  # noqa: F401
                       GenerationStats, Limits, Request, RequestState, make_request)
 from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, suffix_round, tree_round
@@ -56,7 +56,7 @@ class SpeculativeDecoder:
 
     def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None,
                  prompt_cache: PromptCache | None = None, calibration_key: str | None = None,
-                 suffix_cache: SuffixCache | None = None):
+                 suffix_cache: SuffixCache | None = None, probe_budget: ProbeBudget | None = None):
         self.bundle_dir = bundle_dir
         self.manifest = manifest
         self.target = target
@@ -69,6 +69,8 @@ class SpeculativeDecoder:
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
+        # what auto's draft probes may spend, earned over every request (shared by every fork)
+        self.probe_budget = probe_budget if probe_budget is not None else ProbeBudget(DRAFT_PROBE_SHARE)
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
         self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked:
@@ -140,7 +142,7 @@ class SpeculativeDecoder:
         target.pad_one_row = self.target.pad_one_row
         forked = SpeculativeDecoder(self.bundle_dir, self.manifest, target,
                                     self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
-                                    self.prompt_cache, self._calibration_key, self.suffix_cache)
+                                    self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget)
         forked.rows_exact = self.rows_exact
         return forked
 
@@ -319,7 +321,7 @@ class SpeculativeDecoder:
             if uses_draft and self._draft_prefill_loses(request, state.tokens, leave, costs):
                 uses_draft = False  # this request proposes by lookup alone: the same tokens, sooner
                 stats.draft_skipped = True
-            plan = ProposalPlan(request, uses_draft, self.max_context, costs, self.suffix_cache)
+            plan = ProposalPlan(request, uses_draft, self.max_context, costs, self.suffix_cache, self.probe_budget)
             draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
             if draft is not None:
                 # auto hybrid/suffix: the draft reads the prompt in the first round that uses it (never the first)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.contract.limits import refeed_room
-from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts
+from specdec.decoding.cost_model import AutoDraftLength, Costs, ObservedCosts, ProbeBudget
 from specdec.decoding.lookup import MAX_NGRAM, lookup_match
 from specdec.decoding.request import AUTO_MAX_DRAFT_TOKENS, Request
 from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache, SuffixTree, cost_cut
@@ -34,6 +34,8 @@ from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixCache
 DRAFT_CATCH_UP_ROUNDS = 4  # auto hybrid (suffix | draft): the draft's catch-up pass charged over this many rounds
 # auto: the longest wait between the draft's probe rounds once probes keep finding it loses (16, 32, 64, 128)
 DRAFT_MAX_PROBE_EVERY = 128
+# auto: the share of the target's decode seconds the draft's probe rounds may spend (a decoder's ProbeBudget)
+DRAFT_PROBE_SHARE = 0.03
 # auto lookup: prior acceptance per matched n-gram size (a longer match predicts its continuation better)
 LOOKUP_PRIOR_ACCEPTANCE = {1: 0.3, 2: 0.5, 3: 0.7}
 
@@ -71,7 +73,7 @@ def plan_uses_suffix(request: Request) -> bool:
 
 class ProposalPlan:
     def __init__(self, request: Request, has_draft: bool, max_context: int, costs: Costs | None,
-                 suffix_cache: SuffixCache | None = None):
+                 suffix_cache: SuffixCache | None = None, probe_budget: ProbeBudget | None = None):
         self.request = request
         self.auto = request.auto
         self.uses_draft = plan_uses_draft(request, has_draft)
@@ -86,7 +88,7 @@ class ProposalPlan:
                 raise ValueError("auto proposal lengths need measured costs")
             if self.uses_draft:
                 self.model_auto = AutoDraftLength(costs, max_gamma=AUTO_MAX_DRAFT_TOKENS,
-                                                  max_probe_every=DRAFT_MAX_PROBE_EVERY)
+                                                  max_probe_every=DRAFT_MAX_PROBE_EVERY, budget=probe_budget)
             if self.uses_lookup:
                 # a lookup proposal costs nothing to make: only the verify pass grows with its length
                 self.lookup_autos = {
@@ -121,7 +123,7 @@ class ProposalPlan:
                     found = found[: self.lookup_autos[self.lookup_size].choose()]
         gamma = 0
         if self.uses_draft:
-            gamma = min(self.model_auto.choose() if self.auto else self.request.num_draft_tokens, budget)
+            gamma = min(self.model_auto.choose(draft_lag) if self.auto else self.request.num_draft_tokens, budget)
         if found and gamma and self.auto:
             lookup_rate = self.lookup_autos[self.lookup_size].tokens_per_second(len(found))
             catch_up = self.model_auto.draft_catch_up(draft_lag)
@@ -141,7 +143,7 @@ class ProposalPlan:
         tree = self.suffix.tree(tokens, limit, budget) if limit > 0 else None
         gamma = 0
         if self.uses_draft:
-            gamma = min(self.model_auto.choose() if self.auto else self.request.num_draft_tokens, budget)
+            gamma = min(self.model_auto.choose(draft_lag) if self.auto else self.request.num_draft_tokens, budget)
         if not self.auto:
             if tree is not None and tree.tokens:
                 return Proposal("suffix", len(tree.tokens), tree=tree)

@@ -63,7 +63,7 @@ class ScriptedRunner(Runner):
             self.slot_tokens[first_slot + offset] = self.slot_tokens[slot]
             self.kv_copies += 1
 
-    def fork(self) -> "ScriptedRunner":
+    def _fork(self) -> "ScriptedRunner":
         return ScriptedRunner(self.model, self.max_context, self.max_step_tokens)
 
 

@@ -123,7 +123,7 @@ class SnapshottingRunner(ScriptedRunner):
     def _set_kv_rows(self, rows, count):
         self.slot_tokens[:count] = rows[:count, 0]
 
-    def fork(self):
+    def _fork(self):
         return SnapshottingRunner(self.model, self.max_context, self.max_step_tokens)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scripted import ScriptedModel, ScriptedRunner, scripted_decoder
 
-from specdec.runners.row_parity import check_one_row
+from specdec.runners.row_parity import check_one_row, row_gaps
 from specdec.sampling.processors import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -24,7 +24,7 @@ class OneRowRounding(ScriptedRunner):
             out = out + np.linspace(0.0, 1.5, out.shape[1], dtype=np.float32)  # nudges the higher ids up
         return out
 
-    def fork(self):
+    def _fork(self):
         return OneRowRounding(self.model, self.max_context, self.max_step_tokens)
 
 
@@ -46,6 +46,8 @@ def test_the_check_sees_a_one_row_pass_that_rounds_differently_and_padding_cures
     runner = OneRowRounding(ScriptedModel(16, 3))
     assert check_one_row(runner) is False
     assert runner.length == 0  # the check leaves the cache empty
+    gaps = row_gaps(runner)  # what tools/rows_check.py prints
+    assert gaps["one_row"] > 0.0 and gaps["two_rows"] == 0.0
     runner.pad_one_row = True
     assert check_one_row(runner) is True
     assert check_one_row(ScriptedRunner(ScriptedModel(16, 3))) is True
@@ -122,3 +124,14 @@ def test_the_flag_reaches_every_load_path():
     assert parser.parse_args(["--exact-rows"]).exact_rows and not parser.parse_args([]).exact_rows
     assert LoadOptions(exact_rows=True).load_kwargs()["exact_rows"] is True
     assert "exact_rows" not in LoadOptions().load_kwargs()
+
+
+def test_every_backend_fork_pads_as_its_parent():
+    """Runner.fork carries pad_one_row for every backend (its _fork hook only builds the new runner): a server's
+    workers stay exact when the first decoder is."""
+    runner = OneRowRounding(ScriptedModel(16, 3))
+    runner.pad_one_row = True
+    forked = runner.fork()
+    assert forked is not runner and forked.pad_one_row and check_one_row(forked) is True
+    runner.pad_one_row = False
+    assert not runner.fork().pad_one_row

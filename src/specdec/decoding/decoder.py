@@ -138,9 +138,7 @@ class SpeculativeDecoder:
     def fork(self) -> "SpeculativeDecoder":
         """A decoder for another thread: shares this one's sessions (weights loaded once), tokenizer and
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
-        target = self.target.fork()
-        target.pad_one_row = self.target.pad_one_row
-        forked = SpeculativeDecoder(self.bundle_dir, self.manifest, target,
+        forked = SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
                                     self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
                                     self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget)
         forked.rows_exact = self.rows_exact

@@ -91,7 +91,7 @@ class FusedRunner(Runner):
         _bind(self._binding.bind_input, "seqlens_k", self._seqlens)
         _bind(self._binding.bind_input, "total_sequence_length", self._total)
 
-    def fork(self) -> "FusedRunner":
+    def _fork(self) -> "FusedRunner":
         """A runner on the same onnxruntime session with its own cache, buffers and IO binding."""
         return FusedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
                            kept_ids=self.kept_ids)

@@ -205,7 +205,14 @@ class Runner:
         return start + int(bad[0]) if len(bad) else None
 
     def fork(self) -> "Runner":
-        """A runner on the same weights with its own cache (for concurrent requests)."""
+        """A runner on the same weights with its own cache (for concurrent requests), whose passes run as this
+        one's do (``pad_one_row``)."""
+        forked = self._fork()
+        forked.pad_one_row = self.pad_one_row
+        return forked
+
+    def _fork(self) -> "Runner":
+        """Backend hook of ``fork``: a new runner on the same weights and session, with its own cache."""
         raise ValueError(f"{type(self).__name__} cannot be forked: serve one request at a time on this backend")
 
 

@@ -117,7 +117,7 @@ class ModelRunner(Runner):
 
         check_graph(self.spec, self.session.get_inputs(), self.session.get_outputs())
 
-    def fork(self) -> "ModelRunner":
+    def _fork(self) -> "ModelRunner":
         """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
         buffers and IO binding: one per concurrent request. onnxruntime's ``run`` is thread-safe."""
         return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,

@@ -15,7 +15,7 @@ def test_arms_are_checked_and_name_what_is_wrong():
     assert [arm.name for arm in arms] == ["a", "b"] and arms[0].options == {"num_draft_tokens": 0}
 
 
-def test_each_run_gets_its_arms_settings_and_all_are_restored(tiny_decoder):
+def test_each_run_gets_its_arms_settings_and_all_are_restored(tiny_decoder, monkeypatch):
     """Each arm's runs see its own settings (and the other arms' put back); afterwards everything is as before.
     The outputs of a setting that changes only speed are the baseline's, and the summary counts them."""
     seen = []
@@ -34,11 +34,9 @@ def test_each_run_gets_its_arms_settings_and_all_are_restored(tiny_decoder):
     share, wait = tiny_decoder.probe_budget.share, proposers.DRAFT_MAX_PROBE_EVERY
     prompts = [{"id": "a", "kind": "code", "prompt": "def add(a, b):\n    return"},
                {"id": "b", "kind": "prose", "prompt": "The sky is"}]
-    tiny_decoder.generate = spy
-    try:
-        rows = run_arms(tiny_decoder, prompts, arms, repeats=2, max_new_tokens=6)
-    finally:
-        del tiny_decoder.generate
+    monkeypatch.setattr(tiny_decoder, "generate", spy)
+    rows = run_arms(tiny_decoder, prompts, arms, repeats=2, max_new_tokens=6)
+    monkeypatch.undo()
     assert len(rows) == 12 and len(seen) == 12
     assert seen.count((0, share, wait)) == 4
     assert seen.count(("auto", share, 16)) == 4

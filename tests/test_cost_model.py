@@ -128,7 +128,7 @@ def test_a_due_probe_waits_for_the_budget_and_probes_stay_within_their_share():
     assert len(far) < len(near) <= len(free)
 
 
-def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decoder):
+def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decoder, monkeypatch):
     from specdec.bench.bench import start_cold
     from specdec.decoding.proposers import DRAFT_PROBE_SHARE, ProposalPlan
 
@@ -142,11 +142,9 @@ def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decode
         original(self, *args, **kwargs)
         seen.append(self.model_auto.budget if self.model_auto is not None else None)
 
-    ProposalPlan.__init__ = spy
-    try:
-        tiny_decoder.generate("def add(a, b):\n    return", max_new_tokens=8, num_draft_tokens="auto", proposer="draft")
-    finally:
-        ProposalPlan.__init__ = original
+    monkeypatch.setattr(ProposalPlan, "__init__", spy)
+    tiny_decoder.generate("def add(a, b):\n    return", max_new_tokens=8, num_draft_tokens="auto", proposer="draft")
+    monkeypatch.undo()
     assert seen == [budget]
     assert budget.credit > 0.0  # the request's target passes earned credit
     start_cold(tiny_decoder)

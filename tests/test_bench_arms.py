@@ -38,6 +38,8 @@ def test_each_run_gets_its_arms_settings_and_all_are_restored(tiny_decoder, monk
     rows = run_arms(tiny_decoder, prompts, arms, repeats=2, max_new_tokens=6)
     monkeypatch.undo()
     assert len(rows) == 12 and len(seen) == 12
+    orders = {tuple(row["arm"] for row in rows[start : start + 3]) for start in range(0, 12, 3)}
+    assert len(orders) > 1  # the arms' order is shuffled per prompt, not fixed
     assert seen.count((0, share, wait)) == 4
     assert seen.count(("auto", share, 16)) == 4
     assert seen.count(("auto", None, wait)) == 4

@@ -96,6 +96,8 @@ def test_the_probe_budget_earns_a_share_and_spends_only_what_it_holds():
     assert budget.spend(0.4) and budget.credit == pytest.approx(0.1)
     budget.reset()
     assert budget.credit == 0.0
+    budget.earn(3600.0)  # an hour of decoding banks no more than the share of the window
+    assert budget.credit == pytest.approx(0.05 * budget.window)
     unlimited = ProbeBudget(None)
     assert unlimited.spend(1e9)
     for share in (-0.1, 1.5):
@@ -121,8 +123,9 @@ def test_a_due_probe_waits_for_the_budget_and_probes_stay_within_their_share():
 
     free, _, _ = run(None, 40)
     assert free[:3] == [15, 47, 111]
-    near, spent, earned = run(ProbeBudget(0.03), 8)
-    far, far_spent, _ = run(ProbeBudget(0.03), 40)
+    near, spent, earned = run(ProbeBudget(0.03, window=1e4), 8)  # GENAI's costs are in units of one pass
+    far, far_spent, _ = run(ProbeBudget(0.03, window=1e4), 40)
+    assert run(ProbeBudget(0.03, window=100.0), 40)[0] == []  # a probe dearer than the capped credit never runs
     assert near and far and near[0] > free[0] and far[0] > near[0]
     assert spent <= 0.03 * earned and far_spent <= 0.03 * earned
     assert len(far) < len(near) <= len(free)
@@ -143,6 +146,7 @@ def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decode
         seen.append(self.model_auto.budget if self.model_auto is not None else None)
 
     monkeypatch.setattr(ProposalPlan, "__init__", spy)
+    budget.reset()  # the fixture is shared: credit from earlier tests must not pass the check below
     tiny_decoder.generate("def add(a, b):\n    return", max_new_tokens=8, num_draft_tokens="auto", proposer="draft")
     monkeypatch.undo()
     assert seen == [budget]

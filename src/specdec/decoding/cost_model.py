@@ -121,19 +121,22 @@ class ProbeBudget:
     A probe round runs the draft where the estimates say it loses, to learn whether it has started to win; it
     costs the draft's catch-up over every token committed since it last ran, which after a long prompt read
     lazily or many suffix rounds is many one-token passes' worth. The budget holds those probes to a fixed
-    share of decode time whatever the prompt length and the round count (``share`` None: no limit)."""
+    share of decode time whatever the prompt length and the round count (``share`` None: no limit). The credit
+    holds at most ``share`` of ``window`` seconds: a long stretch where the draft wins on its merits does not
+    bank probes for the next losing one, and a probe dearer than that cap (a draft far behind) never runs."""
 
-    def __init__(self, share: float | None):
+    def __init__(self, share: float | None, window: float = 60.0):
         if share is not None and not 0.0 <= share <= 1.0:
             raise ValueError(f"the probe share must be in [0, 1], got {share!r}")
         self.share = share
+        self.window = window
         self.credit = 0.0  # seconds the next probes may spend
         self._lock = threading.Lock()
 
     def earn(self, seconds: float) -> None:
         if self.share is not None:
             with self._lock:
-                self.credit += self.share * seconds
+                self.credit = min(self.credit + self.share * seconds, self.share * self.window)
 
     def spend(self, seconds: float) -> bool:
         """Take ``seconds`` from the credit if it holds them; False (nothing taken): not now."""

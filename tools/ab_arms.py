@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
-        arms = parse_arms(json.loads(Path(args.arms).read_text()))
+        spec = json.loads(Path(args.arms).read_text())
+        arms = parse_arms(spec)
         if args.baseline not in {arm.name for arm in arms}:
             raise ValueError(f"--baseline: {args.baseline!r} is not one of the arms")
         prompts = load_prompts(args.prompts, None)
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "rows.json").write_text(json.dumps({"provenance": provenance(args.bundle, args.threads),
-                                               "arms": json.loads(Path(args.arms).read_text()), "rows": rows}))
+                                               "arms": spec, "rows": rows}))
     (out / "summary.md").write_text(arms_markdown(summary, args.baseline))
     print(arms_markdown(summary, args.baseline))
     return 0

@@ -69,7 +69,7 @@ class SpeculativeDecoder:
         self._costs = costs
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
-        # what auto's draft probes may spend, earned over every request (shared by every fork)
+        # what auto's draft probes may spend, earned by requests that may run the draft (shared by every fork)
         self.probe_budget = probe_budget if probe_budget is not None else ProbeBudget(DRAFT_PROBE_SHARE)
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)

@@ -3,7 +3,7 @@
 import pytest
 
 from specdec.bench.arms import arms_markdown, parse_arms, run_arms, summarize_arms
-from specdec.decoding import proposers
+from specdec.decoding.proposers import draft as proposers
 
 
 def test_arms_are_checked_and_name_what_is_wrong():
@@ -28,7 +28,7 @@ def test_each_run_gets_its_arms_settings_and_all_are_restored(tiny_decoder, monk
 
     arms = parse_arms({
         "target": {"options": {"num_draft_tokens": 0}},
-        "steady": {"settings": {"specdec.decoding.proposers:DRAFT_MAX_PROBE_EVERY": 16}},
+        "steady": {"settings": {"specdec.decoding.proposers.draft:DRAFT_MAX_PROBE_EVERY": 16}},
         "unbudgeted": {"settings": {"probe_budget.share": None}},
     })
     share, wait = tiny_decoder.probe_budget.share, proposers.DRAFT_MAX_PROBE_EVERY

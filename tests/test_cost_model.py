@@ -75,17 +75,17 @@ def test_probes_back_off_while_they_find_speculation_losing_and_reset_when_it_wi
 def test_the_draft_controller_backs_off_its_probes():
     """The plan's draft controller probes with backoff (its probe makes the draft read what it missed); lookup's
     controllers, whose probes cost only a wider verify pass, do not."""
-    from specdec.decoding.proposers import DRAFT_MAX_PROBE_EVERY, ProposalPlan
+    from specdec.decoding.proposers import ProposerResources, make_proposer
+    from specdec.decoding.proposers.draft import DRAFT_MAX_PROBE_EVERY
     from specdec.decoding.request import Request
     from specdec.sampling.processors import SamplingConfig
 
     greedy = SamplingConfig(temperature=0.0)
-    plan = ProposalPlan(Request((1, 2, 3), 8, greedy, "auto", None, proposer="draft"), has_draft=True,
-                        max_context=64, costs=GENAI)
-    assert plan.model_auto.max_probe_every == DRAFT_MAX_PROBE_EVERY > plan.model_auto.probe_every
-    lookup = ProposalPlan(Request((1, 2, 3), 8, greedy, "auto", None, proposer="lookup"), has_draft=False,
-                          max_context=64, costs=GENAI)
-    assert all(auto.max_probe_every == auto.probe_every for auto in lookup.lookup_autos.values())
+    resources = ProposerResources(64, draft=object(), costs=lambda: GENAI)
+    draft = make_proposer(Request((1, 2, 3), 8, greedy, "auto", None, proposer="draft"), resources)
+    assert draft.auto.max_probe_every == DRAFT_MAX_PROBE_EVERY > draft.auto.probe_every
+    lookup = make_proposer(Request((1, 2, 3), 8, greedy, "auto", None, proposer="lookup"), resources)
+    assert lookup.autos and all(auto.max_probe_every == auto.probe_every for auto in lookup.autos.values())
 
 
 def test_the_probe_budget_earns_a_share_and_spends_only_what_it_holds():
@@ -133,19 +133,19 @@ def test_a_due_probe_waits_for_the_budget_and_probes_stay_within_their_share():
 
 def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decoder, monkeypatch):
     from specdec.bench.bench import start_cold
-    from specdec.decoding.proposers import DRAFT_PROBE_SHARE, ProposalPlan
+    from specdec.decoding.proposers.draft import DRAFT_PROBE_SHARE, DraftChain
 
     budget = tiny_decoder.probe_budget
     assert budget.share == DRAFT_PROBE_SHARE
     assert tiny_decoder.fork().probe_budget is budget
     seen = []
-    original = ProposalPlan.__init__
+    original = DraftChain.__init__
 
     def spy(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        seen.append(self.model_auto.budget if self.model_auto is not None else None)
+        seen.append(self.auto.budget if self.auto is not None else None)
 
-    monkeypatch.setattr(ProposalPlan, "__init__", spy)
+    monkeypatch.setattr(DraftChain, "__init__", spy)
     budget.reset()  # the fixture is shared: credit from earlier tests must not pass the check below
     tiny_decoder.generate("def add(a, b):\n    return", max_new_tokens=8, num_draft_tokens="auto", proposer="draft")
     monkeypatch.undo()

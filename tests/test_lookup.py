@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from specdec.sampling.acceptance import speculative_accept
-from specdec.decoding.lookup import lookup_match, lookup_proposal, one_hot_rows
+from specdec.decoding.proposers.lookup import lookup_match
+from specdec.sampling.acceptance import one_hot_rows, speculative_accept
 
 
 @pytest.mark.parametrize(
@@ -17,7 +17,7 @@ from specdec.decoding.lookup import lookup_match, lookup_proposal, one_hot_rows
     ],
 )
 def test_lookup_proposal_table(tokens, expected):
-    assert lookup_proposal(np.array(tokens), max_tokens=3) == expected
+    assert lookup_match(np.array(tokens), max_tokens=3)[0] == expected
 
 
 def test_lookup_match_reports_the_matched_ngram_size():

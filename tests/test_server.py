@@ -53,11 +53,13 @@ def decoder(chat_bundle):
 
 @pytest.fixture(scope="module")
 def served(chat_bundle):
-    """`specdec serve` in a subprocess on 127.0.0.1 (2 workers, 4 waiting); yields (base url, process)."""
+    """`specdec serve` in a subprocess on 127.0.0.1 (2 workers, 4 waiting, OpenAI's strict model names); yields
+    (base url, process)."""
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--host", "127.0.0.1", "--port",
-         str(port), "--workers", "2", "--max-queue", "4", "--model-name", MODEL, "--shutdown-grace", "5"],
+         str(port), "--workers", "2", "--max-queue", "4", "--model-name", MODEL, "--shutdown-grace", "5",
+         "--strict-model-name"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:

@@ -99,6 +99,33 @@ def _sse(url, path, payload) -> list:
                 if line.startswith("data:") and line != "data: [DONE]"]
 
 
+# ----------------------------------------------------------------------------- model names, routes without /v1
+def test_any_model_name_is_the_served_model_and_routes_answer_without_v1(served):
+    """As llama-server: with one model served, a request naming another model (an agent configured for a hosted
+    one) is answered, and the reply names the served id; /models and /chat/completions answer without /v1."""
+    body = {"model": "claude-opus-4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "temperature": 0}
+    for path in ("/v1/chat/completions", "/chat/completions"):
+        reply = _post(served, path, body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["model"] == MODEL
+    for path in ("/v1/models", "/models"):
+        assert [card["id"] for card in httpx.get(f"{served}{path}", timeout=10).json()["data"]] == [MODEL]
+
+
+def test_strict_model_names_and_aliases():
+    """--strict-model-name: OpenAI's 404 for a name not served; aliases are listed and answered."""
+    from specdec.serving.app import ServerOptions
+    from specdec.serving.wire import APIError
+
+    options = ServerOptions(model_name="m", aliases=("alias", "m"), strict_model=True)
+    assert options.model_names == ("m", "alias") and options.answer_model("alias") == "m"
+    with pytest.raises(APIError, match="does not exist") as info:
+        options.answer_model("gpt-4")
+    assert info.value.status == 404 and info.value.param == "model"
+    assert ServerOptions(model_name="m").answer_model("gpt-4") == "m"
+
+
 # ----------------------------------------------------------------------------- cached tokens, warm-up
 def test_warm_up_then_cached_tokens_in_usage(served, reference):
     """max_tokens=0 prefills and answers at once (empty, "length"); the next request on the same messages
@@ -219,15 +246,16 @@ def test_a_stream_sends_its_last_lines_only_after_the_job_ends():
     from types import SimpleNamespace
 
     from specdec.decoding.request import GenerationStats
-    from specdec.serving.handlers import Done, Generation
+    from specdec.serving.jobs import Done, Engine
     from specdec.serving.metrics import Metrics
     from specdec.serving.pool import END, Job
 
     async def scenario():
         job = Job(lambda decoder: iter(()), asyncio.get_running_loop())
         job.started = job.submitted
-        generation = Generation(SimpleNamespace(decoder=None), None, Metrics())
-        lines = generation.events(job, "hello", lambda text: f"piece {text}", lambda done: ["last", "[DONE]"])
+        engine = Engine(SimpleNamespace(decoder=None), None, Metrics())
+        lines = engine.events(job, "hello", lambda piece: [f"piece {piece.text}"], lambda done: ["last", "[DONE]"],
+                              lambda message, code: [f"error {message}"])
         assert await lines.__anext__() == "piece hello"
         job.items.put_nowait(Done(GenerationStats(), 0.0))
         following = asyncio.ensure_future(lines.__anext__())
@@ -368,22 +396,27 @@ class _Stream:
 def test_time_limit_ends_at_a_newline_past_it():
     """t_max_predict_ms (llama.cpp's): past the limit, the middle ends once a newline has been generated; the
     decoder's stream is closed (the worker is free) and the finish says it was the limit."""
-    from specdec.serving.handlers import Done, Prepared, llama_answer, stream_work
+    from specdec.decoding.options import GenerationOptions
+    from specdec.serving.dialects.llama import llama_answer
+    from specdec.serving.jobs import Done, Prepared, stream_work
 
     stream = _Stream(["a", "b", "c\n", "d", "e", "f"], delay=0.02)
 
     class Decoder:
-        def stream(self, prompt_ids, **options):
+        eos_ids = frozenset()
+
+        def stream(self, prompt_ids, options, stats=None):
             return stream
 
-    prepared = Prepared([1, 2], {"max_new_tokens": 6}, time_limit=0.03)
-    items = list(stream_work(prepared)(Decoder()))
+    prepared = Prepared([1, 2], GenerationOptions(max_new_tokens=6), time_limit=0.03)
+    items = list(stream_work(prepared, None)(Decoder()))
     pieces, done = items[:-1], items[-1]
-    assert pieces == ["a", "b", "c\n"] and isinstance(done, Done) and done.finish == "time" and stream.closed
-    assert llama_answer("abc\n", done, set(), MODEL, [])["stop_type"] == "limit"
+    assert [p.text for p in pieces] == ["a", "b", "c\n"] and isinstance(done, Done) and done.finish == "time"
+    assert stream.closed and llama_answer("abc\n", done, set(), MODEL, [])["stop_type"] == "limit"
     untimed = _Stream(["a\n", "b"], delay=0.0)
-    Decoder.stream = lambda self, prompt_ids, **options: untimed
-    assert list(stream_work(Prepared([1], {"max_new_tokens": 2}))(Decoder()))[:-1] == ["a\n", "b"]
+    Decoder.stream = lambda self, prompt_ids, options, stats=None: untimed
+    got = list(stream_work(Prepared([1], GenerationOptions(max_new_tokens=2)), None)(Decoder()))[:-1]
+    assert [p.text for p in got] == ["a\n", "b"]
 
 
 def test_infill_stream_has_no_done_marker(served):

@@ -79,7 +79,9 @@ def test_the_plan_prices_a_proposal_by_the_rows_it_adds_to_a_pass_that_feeds_giv
       nothing), after two it adds 0.1 (it pays);
     - every row a whole pass: adding one costs 1.0 however many rows are pending, so nothing pays either way
       (sunk rows do not lower the bar: 1.75 tokens for 9 looks better than 1 for 8, but is worse than 2 for 9)."""
-    from specdec.decoding.proposers import ProposalPlan
+    from types import SimpleNamespace
+
+    from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer
     from specdec.decoding.request import Request
 
     cache = SuffixCache(1 << 16)
@@ -87,35 +89,39 @@ def test_the_plan_prices_a_proposal_by_the_rows_it_adds_to_a_pass_that_feeds_giv
     cache.add([3, 4])  # after "3": one node, 4
     request = Request((1, 2, 3), 8, SamplingConfig(temperature=0.0), "auto", None, proposer="suffix")
 
-    def plan_for(verify):
-        plan = ProposalPlan(request, has_draft=False, max_context=64, costs=Costs(0.0, verify), suffix_cache=cache)
-        plan.rounds = 1  # past the first round, which proposes nothing
-        return plan
+    def proposer_for(verify):
+        proposer = make_proposer(request, ProposerResources(64, costs=lambda: Costs(0.0, verify), suffix_cache=cache))
+        proposer.rounds = 1  # past the first round, which proposes nothing
+        return proposer
 
-    concave = plan_for((1.0,) + tuple(2.0 + 0.1 * t for t in range(39)))
-    assert concave.propose([1, 2, 3], 8, target_lag=1).source == "none"
-    proposal = concave.propose([1, 2, 3], 8, target_lag=2)
-    assert proposal.source == "suffix" and proposal.tree.tokens[:1] == (4,)
-    linear = plan_for(tuple(1.0 + t for t in range(40)))
-    assert [linear.propose([1, 2, 3], 8, target_lag=lag).source for lag in (1, 2, 8, 20)] == ["none"] * 4
+    def source(proposer, lag):
+        proposal = proposer.propose(RoundInput(SimpleNamespace(tokens=[1, 2, 3]), None, 8, MAX_SUFFIX_NODES, lag))
+        return "none" if proposal is None else proposal.source
+
+    concave = proposer_for((1.0,) + tuple(2.0 + 0.1 * t for t in range(39)))
+    assert source(concave, 1) == "none"
+    proposal = concave.propose(RoundInput(SimpleNamespace(tokens=[1, 2, 3]), None, 8, MAX_SUFFIX_NODES, 2))
+    assert proposal.source == "suffix" and proposal.tree.tokens[:1] == [4]
+    linear = proposer_for(tuple(1.0 + t for t in range(40)))
+    assert [source(linear, lag) for lag in (1, 2, 8, 20)] == ["none"] * 4
 
 
 def test_the_decoder_tells_the_plan_how_many_rows_a_tree_gave_back(monkeypatch):
     """After a path through a second child the target lacks the given-back rows; the next round's plan hears how many
     (``target_lag``). Planted: without the give-back every round after the first sees only the pending token."""
-    from specdec.decoding import proposers
+    from specdec.decoding.proposers.suffix import Suffix
     from specdec.runners.runner import Runner
 
-    propose = proposers.ProposalPlan.propose
+    propose = Suffix.propose
 
     def lags() -> list:
         seen = []
 
-        def spy(plan, tokens, budget, draft_lag=0, room=MAX_SUFFIX_NODES, target_lag=1):
-            seen.append(target_lag)
-            return propose(plan, tokens, budget, draft_lag, room, target_lag)
+        def spy(proposer, round):
+            seen.append(round.target_lag)
+            return propose(proposer, round)
 
-        monkeypatch.setattr(proposers.ProposalPlan, "propose", spy)
+        monkeypatch.setattr(Suffix, "propose", spy)
         decoder, prompt, base = _second_child_store()
         assert decoder.generate(prompt, max_new_tokens=12, proposer="suffix", num_draft_tokens=8).token_ids == base
         return seen[1:]  # the first round's lag is the prompt's last two tokens (reuse_cache leaves them)

@@ -4,7 +4,7 @@
         [--max-new-tokens 128] [--threads 2] [--seed 11] --out DIR
 
 ARMS.json: {"name": {"options": {generate() keyword arguments}, "settings": {"probe_budget.share": null,
-"specdec.decoding.proposers:DRAFT_MAX_PROBE_EVERY": 16}}, ...}. Writes DIR/rows.json (every run, with its
+"specdec.decoding.proposers.draft:DRAFT_MAX_PROBE_EVERY": 16}}, ...}. Writes DIR/rows.json (every run, with its
 token ids) and DIR/summary.md (each arm against the baseline, per prompt kind).
 """
 

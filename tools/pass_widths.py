@@ -4,7 +4,7 @@
         [--max-new-tokens 128] [--repeats 2] [--fresh 3] [--threads N]
 
 Decodes each prompt in each mode (modes alternate, every run cold), records every pass the cost model
-observes (``ProposalPlan.observe_pass``: passes with every row's logits, so no prefill chunk) and prints,
+observes (``decoder.pass_observers``: passes with every row's logits, so no prefill chunk) and prints,
 per width, the median pass time and its ratio to the one-token pass, beside the decoder's calibrated ratio
 and ``--fresh`` calibrations measured now. Also each run's tokens/s and each mode's total. A calibration
 stored in a slower or faster phase of a shared machine shows here as a different shape.
@@ -37,7 +37,6 @@ def main(argv=None) -> int:
 
     from specdec.bench.bench import start_cold
     from specdec.bench.session import SPECDEC_MODES  # the bench's mode names and their generate() options
-    from specdec.decoding import proposers
     from specdec.decoding.cost_model import calibrate
     from specdec.decoding.decoder import CALIBRATED_WIDTH, SpeculativeDecoder
     from specdec.sampling.processors import SamplingConfig
@@ -54,29 +53,24 @@ def main(argv=None) -> int:
         return 2
 
     times = collections.defaultdict(list)  # width -> seconds of each target pass with every row's logits
-    observe = proposers.ProposalPlan.observe_pass
 
-    def recording(plan, role, tokens, seconds):
+    def recording(role, tokens, seconds):
         if role == "target":
             times[tokens].append(seconds)
-        observe(plan, role, tokens, seconds)
 
-    proposers.ProposalPlan.observe_pass = recording
-    try:
-        decoder = SpeculativeDecoder.load(args.bundle, threads=args.threads)
-        stored = decoder.costs()
-        greedy = SamplingConfig(temperature=0.0)
-        totals = collections.defaultdict(float)
-        for repeat in range(args.repeats):
-            for prompt in prompts:
-                for mode in (modes if repeat % 2 == 0 else modes[::-1]):
-                    start_cold(decoder)
-                    result = decoder.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens, sampling=greedy,
-                                              **SPECDEC_MODES[mode])
-                    totals[mode] += result.stats.tokens_per_s
-                    print(f"{prompt['id']} {mode}: {result.stats.tokens_per_s:.2f} tok/s", flush=True)
-    finally:
-        proposers.ProposalPlan.observe_pass = observe
+    decoder = SpeculativeDecoder.load(args.bundle, threads=args.threads)
+    decoder.pass_observers.append(recording)
+    stored = decoder.costs()
+    greedy = SamplingConfig(temperature=0.0)
+    totals = collections.defaultdict(float)
+    for repeat in range(args.repeats):
+        for prompt in prompts:
+            for mode in (modes if repeat % 2 == 0 else modes[::-1]):
+                start_cold(decoder)
+                result = decoder.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens, sampling=greedy,
+                                          **SPECDEC_MODES[mode])
+                totals[mode] += result.stats.tokens_per_s
+                print(f"{prompt['id']} {mode}: {result.stats.tokens_per_s:.2f} tok/s", flush=True)
     print("sum of tok/s: " + ", ".join(f"{mode} {totals[mode]:.2f}" for mode in modes))
     fresh = [calibrate(decoder.target, decoder.draft, max_tokens=CALIBRATED_WIDTH) for _ in range(args.fresh)]
     one = statistics.median(times[1]) if times.get(1) else None

@@ -13,11 +13,11 @@ from specdec.contract.manifest import BundleError
 from specdec.decoding.chat import ChatTemplateError
 from specdec.decoding.constraint import Constraint, ConstraintError, TokenLogprob
 from specdec.decoding.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
-from specdec.decoding.request import GenerationError
+from specdec.decoding.options import ContextLengthError, GenerationError, GenerationOptions
 from specdec.runners.memory import MemoryBudgetError
 from specdec.sampling.processors import DistributionError, SamplingConfig
 
-__all__ = ["SpeculativeDecoder", "SamplingConfig", "GenerationResult", "GenerationStats", "GenerationError",
-           "DistributionError", "BundleError", "ChatTemplateError", "MemoryBudgetError",
-           "Constraint", "ConstraintError", "TokenLogprob"]
+__all__ = ["SpeculativeDecoder", "GenerationOptions", "SamplingConfig", "GenerationResult", "GenerationStats",
+           "GenerationError", "ContextLengthError", "DistributionError", "BundleError", "ChatTemplateError",
+           "MemoryBudgetError", "Constraint", "ConstraintError", "TokenLogprob"]
 __version__ = "0.2.0"

@@ -2,7 +2,7 @@
 shuffled afresh for every prompt so a burst of load on a shared machine lands on every arm alike.
 
 An arm is a name, ``generate`` options and settings applied before each of its runs: attributes reached from
-the decoder (``"probe_budget.share"``) or module constants (``"specdec.decoding.proposers:DRAFT_MAX_PROBE_EVERY"``).
+the decoder (``"probe_budget.share"``) or module constants (``"specdec.decoding.proposers.draft:DRAFT_MAX_PROBE_EVERY"``).
 Before every run each setting any arm names is put back to its value at the start, then the arm's own are
 applied; all are restored at the end. The summary compares each arm with a baseline arm per prompt kind:
 summed decode tokens/s (ratio of sums), the median of the per-pair ratios, the pairs where the arm is faster,

@@ -30,9 +30,10 @@ LONG_CONTEXT = 512  # a prompt set whose median decode context reaches this is a
 def _decoder_limits() -> dict:
     """The decoder's own limits, so bench refuses exactly what generate() would refuse."""
     from specdec.contract import limits
-    from specdec.decoding.request import PROPOSERS
+    from specdec.decoding.proposers import proposer_names
 
-    return {"max_draft": limits.MAX_DRAFT_TOKENS, "max_tree_nodes": limits.MAX_TREE_NODES, "proposers": PROPOSERS}
+    return {"max_draft": limits.MAX_DRAFT_TOKENS, "max_tree_nodes": limits.MAX_TREE_NODES,
+            "proposers": proposer_names()}
 
 
 def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict:

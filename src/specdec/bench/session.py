@@ -27,6 +27,7 @@ import time
 import urllib.parse
 import urllib.request
 
+from specdec.decoding.proposers import proposer_names
 from specdec.bench.llama_server import ServerProcess, free_port
 
 SPECDEC_HEALTH_TIMEOUT = 600.0
@@ -61,13 +62,15 @@ class SessionServer:
             self.process.stop()
 
 
-# specdec modes of a session: a server each (its own caches), the mode's options sent with every request
-SPECDEC_MODES = {"default": {}, "target": {"num_draft_tokens": 0}, "lookup": {"proposer": "lookup"},
-                 "suffix": {"proposer": "suffix"}, "draft": {"proposer": "draft"}}
+# specdec modes of a session: a server each (its own caches), the mode's options sent with every request: the default,
+# target-only, and each proposer of the registry alone (the default is "hybrid")
+SPECDEC_MODES = {"default": {}, "target": {"num_draft_tokens": 0},
+                 **{name: {"proposer": name} for name in proposer_names() if name != "hybrid"}}
 
 
 def start_specdec_server(bundle: str, threads: int | None = None, max_context: int | None = None,
-                         log_path: str | None = None, no_verify: bool = False, mode: str = "default") -> SessionServer:
+                         log_path: str | None = None, no_verify: bool = False, mode: str = "default",
+                         provider: str = "cpu", exact_rows: bool = False) -> SessionServer:
     """``python -m specdec.cli.main serve BUNDLE`` on a free 127.0.0.1 port, one worker; waits for /health.
     ``mode``: one of ``SPECDEC_MODES``, whose options every request of this server carries."""
     port = free_port()
@@ -76,6 +79,8 @@ def start_specdec_server(bundle: str, threads: int | None = None, max_context: i
     argv += ["--threads", str(threads)] if threads else []
     argv += ["--max-context", str(max_context)] if max_context else []
     argv += ["--no-verify"] if no_verify else []
+    argv += ["--provider", provider] if provider != "cpu" else []
+    argv += ["--exact-rows"] if exact_rows else []
     process = ServerProcess(argv, port, "specdec serve", log_path).start(SPECDEC_HEALTH_TIMEOUT)
     name = "specdec" if mode == "default" else f"specdec:{mode}"
     return SessionServer(name, process.url, "specdec", process, SPECDEC_MODES[mode])

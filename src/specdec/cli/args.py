@@ -1,4 +1,5 @@
-"""Argument groups shared by the runtime's commands (generate, chat, serve, bench)."""
+"""Argument groups shared by the runtime's commands (generate, chat, infill, serve, bench), and the one place
+their generation flags become a ``GenerationOptions``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,32 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance", default="coupled", choices=["coupled", "rejection"],
                         help="sampled proposals: coupled (seeded output = target-only's, the default) or rejection "
                              "(modified rejection sampling)")
+
+
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    """The sampling flags and where proposals come from: what ``generation_options`` reads."""
+    from specdec.decoding.proposers import proposer_entries
+
+    add_sampling_args(parser)
+    parser.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
+                        help="proposals per round: auto (default), a number, or 0 = target only")
+    entries = proposer_entries()
+    parser.add_argument("--proposer", default=None, choices=list(entries),
+                        help="; ".join(f"{name}: {entry.help}" for name, entry in entries.items())
+                        + " (default: hybrid; suffix for a bundle without a draft)")
+    parser.add_argument("--tree", default=None, help="draft tree shape, e.g. 2,2,1, or auto")
+
+
+def generation_options(args, **changes):
+    """The ``GenerationOptions`` of the flags ``add_generation_args`` added (``changes`` on top)."""
+    from specdec.decoding.options import GenerationOptions
+    from specdec.sampling.processors import SamplingConfig
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              repetition_penalty=args.repetition_penalty)
+    return GenerationOptions(max_new_tokens=args.max_new_tokens, sampling=sampling,
+                             num_draft_tokens=args.draft_tokens, seed=args.seed, proposer=args.proposer,
+                             tree=args.tree, acceptance=args.acceptance).replace(**changes)
 
 
 def add_load_args(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 from specdec.bench.bench import (build_modes, check_bench_args, check_writable, load_prompts, markdown, plot, preflight,
                                  provenance, run_bench)
 from specdec.bench.llama_server import MODES as LLAMA_MODES
+from specdec.bench.session import SPECDEC_MODES
 from specdec.cli.args import add_load_args
+from specdec.decoding.proposers import proposer_names
 
 def add_bench_parser(commands) -> None:
     bench = commands.add_parser("bench", help="speculative vs target-only on a prompt set")
@@ -18,7 +20,9 @@ def add_bench_parser(commands) -> None:
     bench.add_argument("--prompts", default=None, help="JSON list of {id, kind, prompt} (or --session)")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--draft-tokens", default="0,1,2,4,auto", help="comma list of draft lengths and/or auto")
-    bench.add_argument("--proposers", default="", help="extra modes: comma list of lookup,hybrid (draft length auto)")
+    bench.add_argument("--proposers", default="",
+                       help=f"extra modes, each proposer alone with auto lengths: a comma list of "
+                            f"{','.join(proposer_names())}")
     bench.add_argument("--trees", default="", help="extra modes: semicolon list of tree shapes, e.g. '2,2,1;auto'")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--repeat", type=int, default=1)
@@ -56,8 +60,8 @@ def add_bench_parser(commands) -> None:
     session.add_argument("--max-tokens-cap", type=int, default=None,
                          help="cap every request's max_tokens / n_predict (short smoke runs)")
     session.add_argument("--specdec-modes", default="default",
-                         help="comma list of specdec modes, a server each: default, target (no speculation), lookup, "
-                              "suffix, draft (default: default)")
+                         help=f"comma list of specdec modes, a server each: {', '.join(SPECDEC_MODES)} (target: no "
+                              "speculation; default: default)")
     add_load_args(bench)
 
 
@@ -193,7 +197,8 @@ def cmd_session(args) -> int:
             for mode in specdec_modes:
                 say(f"session: starting specdec serve {args.bundle} ({mode})")
                 servers.append(start_specdec_server(args.bundle, args.threads, args.max_context,
-                                                    str(out / f"specdec-serve-{mode}.log"), args.no_verify, mode))
+                                                    str(out / f"specdec-serve-{mode}.log"), args.no_verify, mode,
+                                                    args.provider, args.exact_rows))
         if llama:
             binary, target, draft, modes, extra = llama
             for mode in modes:  # a server per mode, each with its own cache

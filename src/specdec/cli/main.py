@@ -6,8 +6,7 @@ import argparse
 import shlex
 import sys
 
-from specdec.cli.args import _draft_tokens, add_load_args, add_sampling_args
-from specdec.decoding.request import PROPOSERS
+from specdec.cli.args import add_generation_args, add_load_args, generation_options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,13 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text from a prompt")
     generate.add_argument("bundle")
     generate.add_argument("prompt")
-    add_sampling_args(generate)
+    add_generation_args(generate)
     add_load_args(generate)
-    generate.add_argument("--draft-tokens", type=_draft_tokens, default="auto",
-                          help="draft length per round, auto (default) or 0 = target only")
-    generate.add_argument("--proposer", default=None, choices=list(PROPOSERS),
-                          help="default: hybrid (suffix for a bundle without a draft)")
-    generate.add_argument("--tree", default=None, help="draft tree shape, e.g. 2,2,1, or auto")
     generate.add_argument("--stream", action="store_true", help="print text as it is generated")
     generate.add_argument("--chat", action="store_true",
                           help="the prompt is a user message: render the bundle's chat template around it")
@@ -37,11 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="interactive chat in the terminal (streams; /reset, /exit)")
     chat.add_argument("bundle")
     chat.add_argument("--system", default=None, help="system message")
-    add_sampling_args(chat)
+    add_generation_args(chat)
     add_load_args(chat)
-    chat.add_argument("--draft-tokens", type=_draft_tokens, default="auto")
-    chat.add_argument("--proposer", default=None, choices=list(PROPOSERS))
-    chat.add_argument("--tree", default=None)
 
     infill = commands.add_parser("infill", help="fill in the middle between a prefix and a suffix (code models)")
     infill.add_argument("bundle")
@@ -51,11 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "are its text before and after that line)")
     infill.add_argument("--line", type=int, default=None, help="with --file: the 1-based line the middle starts at")
     infill.add_argument("--extra", nargs="*", default=(), metavar="FILE", help="other files as repository context")
-    add_sampling_args(infill)
+    add_generation_args(infill)
     add_load_args(infill)
-    infill.add_argument("--draft-tokens", type=_draft_tokens, default="auto")
-    infill.add_argument("--proposer", default=None, choices=list(PROPOSERS))
-    infill.add_argument("--tree", default=None)
 
     from specdec.cli.serve import add_serve_parser
 
@@ -78,18 +66,6 @@ def _load(args):
 
     return SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                    threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows)
-
-
-def _sampling(args):
-    from specdec.sampling.processors import SamplingConfig
-
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty)
-
-
-def _options(args) -> dict:
-    return dict(max_new_tokens=args.max_new_tokens, sampling=_sampling(args), num_draft_tokens=args.draft_tokens,
-                seed=args.seed, proposer=args.proposer, tree=args.tree, acceptance=args.acceptance)
 
 
 def _conversation(system, user=None) -> list:
@@ -116,25 +92,22 @@ def cmd_generate(args) -> int:
     from specdec.decoding.chat import chat, chat_template_of, stream_chat
     from specdec.decoding.decoder import GenerationStats
 
+    options = generation_options(args, constraint=_constraint(args))
     decoder = _load(args)
-    kwargs = _options(args)
-    constraint = _constraint(args)
-    if constraint is not None:
-        kwargs["constraint"] = constraint
     if args.chat:
         chat_template_of(decoder)  # a bundle without a template: one line, before any generation
     elif args.system is not None:
         raise ValueError("--system applies to --chat")
     if args.stream:
         stats = GenerationStats()
-        pieces = (stream_chat(decoder, _conversation(args.system, args.prompt), stats=stats, **kwargs) if args.chat
-                  else decoder.stream(args.prompt, stats=stats, **kwargs))
+        pieces = (stream_chat(decoder, _conversation(args.system, args.prompt), options, stats=stats) if args.chat
+                  else decoder.stream(args.prompt, options, stats=stats))
         for piece in pieces:
             print(piece, end="", flush=True)
         print()
     else:
-        result = (chat(decoder, _conversation(args.system, args.prompt), **kwargs) if args.chat
-                  else decoder.generate(args.prompt, **kwargs))
+        result = (chat(decoder, _conversation(args.system, args.prompt), options) if args.chat
+                  else decoder.generate(args.prompt, options))
         print(result.text)
         stats = result.stats
     print(f"[specdec] {stats.summary()}", file=sys.stderr)
@@ -162,8 +135,9 @@ def _infill_texts(args) -> tuple:
 
 def cmd_infill(args) -> int:
     prefix, suffix, extra = _infill_texts(args)
+    options = generation_options(args)
     decoder = _load(args)
-    result = decoder.infill(prefix, suffix, extra=extra, **_options(args))
+    result = decoder.infill(prefix, suffix, options, extra=extra)
     print(result.text)
     print(f"[specdec] {result.stats.summary()}", file=sys.stderr)
     return 0
@@ -173,6 +147,7 @@ def cmd_chat(args) -> int:
     """Read user turns from stdin, stream each reply; the conversation accumulates until /reset or EOF."""
     from specdec.decoding.chat import chat_template_of, stream_chat
 
+    options = generation_options(args)
     decoder = _load(args)
     chat_template_of(decoder)
     interactive = sys.stdin.isatty()
@@ -191,7 +166,7 @@ def cmd_chat(args) -> int:
         messages.append({"role": "user", "content": line.rstrip("\n")})
         reply = []
         try:
-            for piece in stream_chat(decoder, messages, **_options(args)):
+            for piece in stream_chat(decoder, messages, options):
                 reply.append(piece)
                 print(piece, end="", flush=True)
         except ValueError as exc:  # e.g. the conversation outgrew the context: say so, keep the session

@@ -16,7 +16,12 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--workers", type=int, default=1,
                        help="concurrent generations per process (each a KV cache; the weights are shared)")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
-    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the bundle folder name)")
+    serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
+                       help="the model id replies name (default: the bundle folder name); repeat it, or give a comma "
+                            "list, for aliases the server also lists")
+    serve.add_argument("--strict-model-name", action="store_true",
+                       help="answer 404 to a request naming a model the server does not list (OpenAI's behaviour); "
+                            "by default any name is the served model, as llama-server does")
     serve.add_argument("--shutdown-grace", type=float, default=10.0,
                        help="seconds in-flight requests may take to finish at shutdown before they are cancelled")
     serve.add_argument("--cache-ram", type=float, default=0, metavar="MiB",
@@ -37,8 +42,14 @@ def add_serve_parser(commands, add_load_args) -> None:
     ray.add_argument("--cpus-per-replica", type=float, default=1.0)
 
 
+def model_names(args) -> tuple:
+    """(the served id, aliases...) from --model-name (repeated or comma lists), else the bundle folder's name."""
+    given = [name.strip() for value in args.model_name or () for name in value.split(",") if name.strip()]
+    return tuple(dict.fromkeys(given)) or (Path(args.bundle).resolve().name,)
+
+
 def model_name(args) -> str:
-    return args.model_name or Path(args.bundle).resolve().name
+    return model_names(args)[0]
 
 
 def _show_logs() -> None:
@@ -55,7 +66,10 @@ def cmd_serve(args) -> int:
     if args.ray:
         from specdec.serving.ray_serve import RayOptions, serve_on_ray
 
-        options = RayOptions(bundle=str(args.bundle), model_name=model_name(args), host=args.host, port=args.port,
+        names = model_names(args)
+        options = RayOptions(bundle=str(args.bundle), model_name=names[0], aliases=names[1:],
+                             strict_model=args.strict_model_name, shutdown_grace=args.shutdown_grace,
+                             host=args.host, port=args.port,
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
@@ -73,7 +87,9 @@ def cmd_serve(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
-    server_options = ServerOptions(model_name=model_name(args), shutdown_grace=args.shutdown_grace)
+    names = model_names(args)
+    server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
+                                   shutdown_grace=args.shutdown_grace)
     for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")

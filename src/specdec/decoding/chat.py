@@ -143,8 +143,25 @@ def normalize_messages(messages) -> list[dict]:
         clean = {key: value for key, value in message.items() if value is not None and key != "content"}
         if content is not None:
             clean["content"] = content
+        check_texts(clean, f"messages[{index}]")
         normalized.append(json.loads(json.dumps(clean)))  # plain JSON only: nothing with methods reaches the sandbox
     return normalized
+
+
+def check_texts(value, where: str) -> None:
+    """Every string inside ``value`` encodable as UTF-8 (valid JSON can carry a lone surrogate, "\\ud800", which no
+    tokenizer takes): else a GenerationError naming where it is (``messages[0].content``)."""
+    from specdec.decoding.options import check_text
+
+    if isinstance(value, str):
+        check_text(value, where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_texts(key, f"{where} key")
+            check_texts(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for position, item in enumerate(value):
+            check_texts(item, f"{where}[{position}]")
 
 
 def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: bool = True, tools=None,
@@ -159,6 +176,8 @@ def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: b
 
     if isinstance(template, str):
         template = ChatTemplate(template, "<string>", {})
+    check_texts(variables, "template_variables")
+    check_texts(tools, "tools")
     try:
         context = {**template.special_tokens, **json.loads(json.dumps(variables))}
         tools = json.loads(json.dumps(tools)) if tools else None
@@ -233,38 +252,49 @@ def chat_prompt(decoder, messages, add_generation_prompt: bool = True, tools=Non
     return ChatPrompt(text, ids, end_of_turn_ids(template, tokenizer))
 
 
-def chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None, tools=None,
-         tool_choice=None, **options):
+def chat(decoder, messages, options=None, *, template_variables: dict | None = None, tools=None, tool_choice=None,
+         stats=None, **changes):
     """``decoder.generate`` on the rendered conversation, stopping at the end of the assistant's turn.
 
-    ``options`` are generate's (max_new_tokens, sampling, num_draft_tokens, seed, stop, proposer, tree,
-    constraint, logprobs). ``tools`` / ``tool_choice``: OpenAI's (decoding/tools.py); "required" or a named
-    function constrains the answer to calls; ``specdec.decoding.tools.parse_tool_calls`` reads them."""
-    prompt, options = _with_tools(decoder, messages, template_variables, tools, tool_choice, options)
-    return decoder.generate(prompt.ids, stop_token_ids=tuple(prompt.stop_token_ids) + tuple(stop_token_ids), **options)
+    ``options`` / ``changes``: generate's (a GenerationOptions, or keywords; ``stop_token_ids`` add to the turn's
+    end). ``tools`` / ``tool_choice``: OpenAI's (decoding/tools.py); "required" or a named function constrains the
+    answer to calls; ``specdec.decoding.tools.parse_tool_calls`` reads them."""
+    prompt, options = chat_request(decoder, messages, options, template_variables, tools, tool_choice, changes)
+    stream = decoder.stream(prompt.ids, options, stats=stats)
+    from specdec.decoding.request import GenerationResult
+
+    text = "".join(stream)
+    return GenerationResult(text=text, token_ids=stream.token_ids, stats=stream.stats,
+                            finish_reason=stream.finish_reason, logprobs=stream.logprobs, sources=list(stream.sources))
 
 
-def stream_chat(decoder, messages, stop_token_ids: Sequence[int] = (), template_variables: dict | None = None,
-                tools=None, tool_choice=None, **options) -> Iterator[str]:
+def stream_chat(decoder, messages, options=None, *, template_variables: dict | None = None, tools=None,
+                tool_choice=None, stats=None, **changes) -> Iterator[str]:
     """``decoder.stream`` on the rendered conversation (text pieces), stopping at the end of the turn."""
-    prompt, options = _with_tools(decoder, messages, template_variables, tools, tool_choice, options)
-    return decoder.stream(prompt.ids, stop_token_ids=tuple(prompt.stop_token_ids) + tuple(stop_token_ids), **options)
+    prompt, options = chat_request(decoder, messages, options, template_variables, tools, tool_choice, changes)
+    return decoder.stream(prompt.ids, options, stats=stats)
 
 
-def _with_tools(decoder, messages, template_variables, tools, tool_choice, options) -> tuple:
+def chat_request(decoder, messages, options=None, template_variables=None, tools=None, tool_choice=None,
+                 changes=None) -> tuple:
+    """(the rendered ``ChatPrompt``, the GenerationOptions to decode it with: stopping at the turn's end, and
+    constrained to tool calls when ``tool_choice`` requires one)."""
+    from specdec.decoding.options import GenerationOptions
     from specdec.decoding.tools import ToolError, check_tools, chosen_tools, tool_call_constraint, tool_format_of
 
+    options = GenerationOptions.build(options, **(changes or {}))
     try:
         tools = check_tools(tools)
         usable, required = chosen_tools(tools, tool_choice)
     except ToolError as exc:
         raise ChatTemplateError(str(exc)) from None
     prompt = chat_prompt(decoder, messages, tools=tools or None, **(template_variables or {}))
+    options = options.replace(stop_token_ids=tuple(prompt.stop_token_ids) + options.stop_token_ids)
     if required:
         form = tool_format_of(chat_template_of(decoder).source)
         if form is None:
             raise ChatTemplateError("tool_choice: this bundle's chat template has no tool-call syntax specdec knows")
-        if options.get("constraint") is not None:
+        if options.constraint is not None:
             raise ChatTemplateError("tool_choice: a required tool call and a constraint cannot both apply")
-        options = {**options, "constraint": tool_call_constraint(usable, form, codec=decoder.codec)}
+        options = options.replace(constraint=tool_call_constraint(usable, form, codec=decoder.codec))
     return prompt, options

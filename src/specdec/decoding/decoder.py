@@ -3,16 +3,18 @@
 This module owns what outlives a request (the runners and their caches, the tokenizer, the
 measured pass costs) and the loop that drives one request:
 
-    request  = make_request(...)                       validated options (decoding/request.py)
+    options  = GenerationOptions(...)                  validated once (decoding/options.py)
+    request  = make_request(codec, limits, prompt, options)   checked against the bundle (decoding/request.py)
     state    = RequestState(request, ...)              the sequence, randomness, text, stats
-    plan     = ProposalPlan(request, costs, suffix)    where proposals come from (decoding/proposers.py)
+    proposer = make_proposer(request, resources)       where proposals come from (decoding/proposers/)
     rule     = TokenRule(sampling, acceptance, ...)    how rows become tokens (decoding/rules.py)
     prefill; then per round:
-        proposal = plan.propose(...)
-        round    = chain_round | suffix_round | tree_round   one target pass (decoding/rounds.py)
-        piece    = state.commit(round.tokens)          EOS / stop ids / stop strings / budget
+        proposal = proposer.propose(round)             a token tree (a chain is one), or None
+        result   = verify(target, state, rule, proposal)   ONE target pass (decoding/rounds.py)
+        proposer.observe(proposal, result)             its caches and estimates learn
+        piece    = state.commit(result.tokens)         EOS / stop ids / stop strings / budget
 
-Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the stats and the plan.
+Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the stats and the proposer.
 ``generate`` is ``stream`` collected: the same tokens and the same text by construction.
 ``num_draft_tokens=0`` runs plain target-only decoding through the same code: the baseline.
 """
@@ -31,10 +33,12 @@ from specdec.decoding.calibration_store import calibration_key, load_costs, save
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, ProbeBudget, calibrate
 from specdec.runners.fused import make_runner
 from specdec.decoding.prompt_cache import PromptCache
-from specdec.decoding.proposers import DRAFT_PROBE_SHARE, ProposalPlan, plan_needs_costs, plan_uses_draft
-from specdec.decoding.request import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_TREE_NODES, GenerationError, GenerationResult,  # noqa: F401
-                      GenerationStats, Limits, Request, RequestState, make_request)
-from specdec.decoding.rounds import PREFILL_CHUNK, Round, catch_up, chain_round, suffix_round, tree_round
+from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK
+from specdec.decoding.options import GenerationError, GenerationOptions
+from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer
+from specdec.decoding.proposers.draft import DRAFT_PROBE_SHARE
+from specdec.decoding.request import GenerationResult, GenerationStats, Limits, Request, RequestState, make_request
+from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
 import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
@@ -48,7 +52,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONTEXT = 2048
 CALIBRATED_WIDTH = MAX_SUFFIX_NODES + 1  # the widest verify pass "auto" plans: a suffix tree plus the pending token
-DRAFT_SAVING = 0.1  # the fraction of decode time the draft model is expected to save over lookup alone
 
 
 class SpeculativeDecoder:
@@ -75,6 +78,8 @@ class SpeculativeDecoder:
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
         self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked:
         # a GPU provider, or a cache too small to compare)
+        # (role, tokens, seconds) of every pass with every row's logits, as the proposer sees them (for tools)
+        self.pass_observers: list = []
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -112,7 +117,7 @@ class SpeculativeDecoder:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
             # the draft's session first: on the 2-core CPU measured, sessions created later ran 2-3% faster
-            # whatever their graph (2026-11-30, docs/benchmarks.md), and the target runs most of the passes
+            # whatever their graph (docs/benchmarks.md), and the target runs most of the passes
             runners = {
                 role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads,
                                   kept_ids=load_kept_ids(root, spec))
@@ -165,68 +170,46 @@ class SpeculativeDecoder:
         return self._costs
 
     # ----------------------------------------------------------------- public API
-    def generate(self, prompt, *, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=None,
-                 stop=(), proposer=None, tree=None, stop_token_ids=(), acceptance: str = "coupled", constraint=None,
-                 logprobs: int | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` after ``prompt`` (text or token ids).
-
-        num_draft_tokens: tokens proposed per round, "auto" (chosen each round from measured costs and
-        the running acceptance; falls back to plain decoding when speculation would lose) or 0 (target only).
-        proposer: "draft" (the draft model), "lookup" (n-gram prompt lookup, no draft model needed) or
-        "hybrid" (lookup when the text repeats, the draft model otherwise; with "auto", whichever promises
-        more tokens per second). Default: "hybrid", or "lookup" for a bundle without a draft.
-        tree: None (a chain of drafts), branching factors per depth such as "4,2,2,1" or (2, 2, 1), or "auto"
-        (a dynamic tree grown from the draft's confidence within a node budget); verified in one target pass.
-        seed: with sampling, the output is the target's own seeded sample: the same tokens in every mode;
-        None (default): fresh randomness per request, as OpenAI's API and vLLM.
-        acceptance: "coupled" (default: seeded, schedule-independent) or "rejection" (modified rejection sampling).
-        stop: stop strings (the text ends before the first one); stop_token_ids: ids that end like EOS.
-        constraint: a ``Constraint`` (decoding/constraint.py: a JSON schema, any JSON object, a Lark or GBNF
-        grammar, a regex) the output must match; exact under speculation (the target's masked distribution).
-        logprobs: None (off) or k: ``result.logprobs`` holds each token's log-probability under the target's
-        processed distribution and its k most likely alternatives (the same whichever proposer found it).
-        """
+    def generate(self, prompt, options: GenerationOptions | None = None, **changes) -> GenerationResult:
+        """Generate after ``prompt`` (text or token ids) with ``options`` (a ``GenerationOptions``; keywords build
+        or change one: ``generate(prompt, max_new_tokens=64, seed=7)``). Every option is described on
+        ``GenerationOptions`` (decoding/options.py); a bad one raises a one-line GenerationError naming it."""
         stats = GenerationStats()
-        pieces = self.stream(prompt, max_new_tokens=max_new_tokens, sampling=sampling,
-                             num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, proposer=proposer, tree=tree,
-                             stats=stats, stop_token_ids=stop_token_ids, acceptance=acceptance, constraint=constraint,
-                             logprobs=logprobs)
+        pieces = self.stream(prompt, options, stats=stats, **changes)
         text = "".join(pieces)
         return GenerationResult(text=text, token_ids=pieces.token_ids, stats=stats, finish_reason=pieces.finish_reason,
-                                logprobs=pieces.logprobs)
+                                logprobs=pieces.logprobs, sources=list(pieces.sources))
 
-    def stream(self, prompt, *, max_new_tokens: int = 128, sampling=None, num_draft_tokens="auto", seed=None,
-               stop=(), proposer=None, tree=None, stats: GenerationStats | None = None, stop_token_ids=(),
-               acceptance: str = "coupled", constraint=None, logprobs: int | None = None) -> "TextStream":
-        """Text pieces as rounds complete; the same tokens and text as ``generate`` with the same arguments.
+    def stream(self, prompt, options: GenerationOptions | None = None, *, stats: GenerationStats | None = None,
+               **changes) -> "TextStream":
+        """Text pieces as rounds complete; the same tokens and text as ``generate`` with the same options.
 
-        Arguments are validated now (a bad one raises here, not at the first ``next``). After the
+        Options are validated now (a bad one raises here, not at the first ``next``). After the
         stream is exhausted, ``.token_ids`` holds the token ids and ``.finish_reason`` the finish reason (None
-        while it runs), as on ``GenerationResult``;
+        while it runs), as on ``GenerationResult``; ``stats``: a GenerationStats to fill as it runs;
         ``.close()`` stops the request between rounds (a client that went away)."""
-        request = make_request(self.codec, self.limits, prompt, max_new_tokens=max_new_tokens, sampling=sampling,
-                               num_draft_tokens=num_draft_tokens, seed=seed, stop=stop, proposer=proposer, tree=tree,
-                               stop_token_ids=stop_token_ids, acceptance=acceptance, constraint=constraint,
-                               logprobs=logprobs)
+        request = self.validate(prompt, options, **changes)
         if stats is not None and not isinstance(stats, GenerationStats):
-            raise GenerationError(f"stats must be a GenerationStats, got {type(stats).__name__}")
+            raise GenerationError.bad("stats", f"must be a GenerationStats, got {type(stats).__name__}")
         state = RequestState(request, self.codec, self.eos_ids, self.limits.vocab_size,
                              stats=stats if stats is not None else GenerationStats())
         return TextStream(self._pieces(state), state)
 
-    def infill(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", **options) -> GenerationResult:
+    def infill(self, prefix: str, suffix: str, options: GenerationOptions | None = None, *, extra=(),
+               prompt: str = "", **changes) -> GenerationResult:
         """Fill in the middle between ``prefix`` and ``suffix`` (code before and after the cursor).
 
         extra: other files as ``[{"filename": ..., "text": ...}]`` (repository-level context); prompt: text
-        that continues the prefix (llama.cpp's ``prompt``). The rest are ``generate``'s options; the answer
+        that continues the prefix (llama.cpp's ``prompt``). ``options`` / keywords are ``generate``'s; the answer
         ends at EOS or at the tokenizer's FIM markers. Laid out as llama.cpp's server does (decoding/infill.py)."""
-        ids, stop_ids = self._infill_ids(prefix, suffix, extra, prompt, options)
-        return self.generate(ids, **options, stop_token_ids=stop_ids)
+        ids, options = self.infill_request(prefix, suffix, GenerationOptions.build(options, **changes), extra, prompt)
+        return self.generate(ids, options)
 
-    def stream_infill(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", **options) -> "TextStream":
+    def stream_infill(self, prefix: str, suffix: str, options: GenerationOptions | None = None, *, extra=(),
+                      prompt: str = "", **changes) -> "TextStream":
         """``infill`` as text pieces (``stream``'s iterator)."""
-        ids, stop_ids = self._infill_ids(prefix, suffix, extra, prompt, options)
-        return self.stream(ids, **options, stop_token_ids=stop_ids)
+        ids, options = self.infill_request(prefix, suffix, GenerationOptions.build(options, **changes), extra, prompt)
+        return self.stream(ids, options)
 
     def infill_prompt(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", max_new_tokens: int = 128,
                       tree=None) -> list:
@@ -237,15 +220,14 @@ class SpeculativeDecoder:
         room = self.max_context - max_new_tokens - longest - 1 if isinstance(max_new_tokens, int) else None
         return infill_prompt(self.codec, fim_tokens(self.manifest, self.codec), prefix, suffix, extra, prompt, room)
 
-    def _infill_ids(self, prefix, suffix, extra, prompt, options) -> tuple:
+    def infill_request(self, prefix: str, suffix: str, options: GenerationOptions, extra=(), prompt: str = "") -> tuple:
+        """(the FIM prompt's token ids, ``options`` that also stop at the FIM markers)."""
         from specdec.decoding.infill import fim_stop_ids, fim_tokens
 
-        ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt,
-                                 max_new_tokens=options.get("max_new_tokens", 128), tree=options.get("tree"))
-        user_stops = options.pop("stop_token_ids", ())
-        if isinstance(user_stops, (str, bytes)) or not isinstance(user_stops, (list, tuple, set, frozenset)):
-            raise GenerationError(f"stop_token_ids must be a list of token ids, got {user_stops!r}")
-        return ids, tuple(user_stops) + fim_stop_ids(fim_tokens(self.manifest, self.codec))
+        ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_new_tokens=options.max_new_tokens,
+                                 tree=options.tree)
+        stops = options.stop_token_ids + fim_stop_ids(fim_tokens(self.manifest, self.codec))
+        return ids, options.replace(stop_token_ids=stops)
 
     def clear_cache(self) -> None:
         """Forget what this decoder's own KV caches hold (the next request prefills from token 0; the shared
@@ -259,21 +241,22 @@ class SpeculativeDecoder:
         compute again). For routing a request to the worker that shares the most; takes no lock."""
         return self.target.held_prefix(list(token_ids))
 
-    def validate(self, prompt, **options) -> Request:
-        """The checks ``generate`` makes on its arguments, without generating (a one-line GenerationError)."""
-        return make_request(self.codec, self.limits, prompt, **options)
+    def validate(self, prompt, options: GenerationOptions | None = None, **changes) -> Request:
+        """The checks ``generate`` makes, without generating (a one-line GenerationError naming the option)."""
+        return make_request(self.codec, self.limits, prompt, GenerationOptions.build(options, **changes))
 
-    def chat(self, messages, **options) -> GenerationResult:
-        """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token."""
+    def chat(self, messages, options: GenerationOptions | None = None, **changes) -> GenerationResult:
+        """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token.
+        Chat's own keywords (``tools``, ``tool_choice``, ``template_variables``): decoding/chat.py."""
         from specdec.decoding.chat import chat
 
-        return chat(self, messages, **options)
+        return chat(self, messages, options, **changes)
 
-    def stream_chat(self, messages, **options) -> "TextStream":
+    def stream_chat(self, messages, options: GenerationOptions | None = None, **changes) -> "TextStream":
         """``stream`` on the bundle's chat template around ``messages``."""
         from specdec.decoding.chat import stream_chat
 
-        return stream_chat(self, messages, **options)
+        return stream_chat(self, messages, options, **changes)
 
     # ----------------------------------------------------------------- the loop
     def _exclusive(self):
@@ -295,11 +278,7 @@ class SpeculativeDecoder:
     def _pieces(self, state: RequestState) -> Iterator[str]:
         with self._exclusive():
             request, stats = state.request, state.stats
-            uses_draft = plan_uses_draft(request, self.draft is not None)
-            costs = self._measured_costs() if plan_needs_costs(request, self.draft is not None) else None
-            rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng, state.guide, state.logprobs,
-                             request.logprobs or 0)
-            plan = None
+            proposer = None
 
             def on_pass(role: str, tokens: int, seconds: float, all_logits: bool) -> None:
                 if role == "target":
@@ -308,45 +287,53 @@ class SpeculativeDecoder:
                 else:
                     stats.draft_seconds += seconds
                     stats.draft_forwards += 1
-                if plan is not None and all_logits:  # what the cost model knows: passes with every row's logits
-                    plan.observe_pass(role, tokens, seconds)
+                if proposer is not None and all_logits:  # what the cost model knows: passes with every row's logits
+                    proposer.observe_pass(role, tokens, seconds)
+                    for observer in self.pass_observers:
+                        observer(role, tokens, seconds)
 
+            if request.auto and request.tree is None and request.num_draft_tokens != 0:
+                self._measured_costs()  # auto lengths need this machine's pass costs: measured before the prefill,
+                # which a first calibration would otherwise wipe (it times passes on the runners' own caches)
             target = TimedRunner(self.target, "target", on_pass)
+            draft = TimedRunner(self.draft, "draft", on_pass) if self.draft is not None else None
             started = time.perf_counter()
             leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
             stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
             self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
-            if uses_draft and self._draft_prefill_loses(request, state.tokens, leave, costs):
-                uses_draft = False  # this request proposes by lookup alone: the same tokens, sooner
-                stats.draft_skipped = True
-            plan = ProposalPlan(request, uses_draft, self.max_context, costs, self.suffix_cache, self.probe_budget)
-            draft = TimedRunner(self.draft, "draft", on_pass) if uses_draft else None
-            if draft is not None:
-                # auto hybrid/suffix: the draft reads the prompt in the first round that uses it (never the first)
-                lazy = plan.suffix is not None and plan.auto and request.max_new_tokens > 0
+            proposer = make_proposer(request, self._resources(draft, state.tokens, leave))
+            stats.draft_skipped = getattr(proposer, "draft_skipped", False)
+            uses_draft = proposer.uses_draft_model
+            if uses_draft:
+                # auto hybrid: the draft reads the prompt in the first round that uses it (never the first)
                 stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache,
-                                                        compute=not lazy)
+                                                        compute=not proposer.lazy_draft_prefill)
             stats.prefill_seconds = time.perf_counter() - started
             stats.verify_seconds = stats.draft_seconds = 0.0
             started = time.perf_counter()
+            rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng, state.guide, state.logprobs,
+                             request.logprobs or 0)
             while not state.finish:
-                played = self._one_round(target, draft, state, rule, plan)
-                plan.observe(played.source, played.proposed, played.accepted)
+                tokens = state.tokens
+                proposal = proposer.propose(RoundInput(state, rule, state.budget, self.max_context - len(tokens) - 1,
+                                                       len(tokens) - target.length))
+                played = verify(target, state, rule, proposal)
+                proposer.observe(proposal, played)
                 stats.rounds += 1
                 stats.proposed += played.proposed
                 stats.accepted += played.accepted
                 stats.rejected_rounds += played.accepted < played.proposed
-                stats.lookup_rounds += played.source == "lookup"
-                stats.suffix_rounds += played.source == "suffix"
-                piece = state.commit(played.tokens)
+                if proposal is not None:
+                    stats.rounds_by_source[played.source] = stats.rounds_by_source.get(played.source, 0) + 1
+                    stats.tree_nodes += played.nodes
+                piece = state.commit(played.tokens, played.source)
                 stats.decode_seconds = time.perf_counter() - started
                 if piece:
                     yield piece
             tail = state.text.finish()
             if tail:
                 yield tail
-            if self.suffix_cache is not None and plan.suffix is not None:
-                self.suffix_cache.add(state.output)
+            proposer.finish(state.output)
             if self.prompt_cache is not None:  # after the last piece: a client never waits for the copy
                 self.prompt_cache.store("target", self.target)
                 if uses_draft:
@@ -358,38 +345,17 @@ class SpeculativeDecoder:
             rate = seconds / computed
             self._prefill_per_token = rate if self._prefill_per_token is None else 0.7 * self._prefill_per_token + 0.3 * rate
 
-    def _draft_prefill_loses(self, request: Request, tokens: list, leave: int, costs: Costs | None) -> bool:
-        """Whether prefilling the draft over what its cache lacks would cost more than the draft can save.
-
-        Only for the default choice (auto hybrid chains): lookup alone then proposes. The draft's prefill is
-        estimated from the target's measured prefill rate scaled by the draft/target step ratio; its saving
-        as DRAFT_SAVING of the decode time of max_new_tokens target steps (the draft's measured gain over
-        lookup alone on a 2-core CPU was about 10%, docs/benchmarks.md)."""
-        if costs is None or not request.auto or request.tree is not None or request.proposer != "hybrid":
-            return False
-        missing = len(tokens) - leave - self.draft.held_prefix(tokens)
-        if self.prompt_cache is not None:
-            missing = min(missing, len(tokens) - leave - self.prompt_cache.peek("draft", tokens))
-        per_token = self._prefill_per_token if self._prefill_per_token is not None else costs.verify[0] / 5
-        draft_prefill = max(missing, 0) * per_token * costs.draft_step / costs.verify[0]
-        return draft_prefill > request.max_new_tokens * costs.verify[0] * DRAFT_SAVING
-
-    def _one_round(self, target, draft, state: RequestState, rule: TokenRule, plan: ProposalPlan) -> Round:
-        request = state.request
-        budget = state.budget
-        if request.tree is not None and budget > 0:
-            played, nodes = tree_round(target, draft, state, rule, request.tree, budget)
-            state.stats.tree_nodes += nodes
-            return played
-        lag = len(state.tokens) - draft.length if draft is not None else 0
-        proposal = plan.propose(state.tokens, budget, lag, room=self.max_context - len(state.tokens) - 1,
-                                target_lag=len(state.tokens) - target.length)
-        if proposal.source == "suffix" and proposal.tree is not None:
-            played, path = suffix_round(target, state, rule, proposal)
-            plan.observe_suffix(proposal.tree, path)
-            state.stats.tree_nodes += 0 if proposal.tree.is_chain() else len(proposal.tree.tokens)
-            return played
-        return chain_round(target, draft, state, rule, proposal)
+    def _resources(self, draft, tokens: list, leave: int) -> ProposerResources:
+        """What this request's proposer may use: the draft's timed runner, the costs (measured on first use), the
+        shared stores, and how many prompt tokens the draft's caches lack (what its prefill would compute)."""
+        missing = None
+        if draft is not None:
+            missing = len(tokens) - leave - draft.held_prefix(tokens)
+            if self.prompt_cache is not None:
+                missing = min(missing, len(tokens) - leave - self.prompt_cache.peek("draft", tokens))
+            missing = max(missing, 0)
+        return ProposerResources(self.max_context, draft, self._measured_costs, self.suffix_cache, self.probe_budget,
+                                 missing, self._prefill_per_token)
 
 
 def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None,
@@ -438,6 +404,12 @@ class TextStream:
     def logprobs(self) -> list | None:
         """With ``logprobs``: one TokenLogprob per token in ``token_ids`` so far (else None)."""
         return self._state.output_logprobs
+
+    @property
+    def sources(self) -> list:
+        """Per token in ``token_ids``: the proposer whose accepted proposal it was ("draft", "suffix", "lookup"),
+        or "target" (the target's own token: a bonus or a correction, or decoding without a proposal)."""
+        return self._state.sources
 
     @property
     def finish_reason(self) -> str | None:

@@ -32,11 +32,11 @@ def fim_stop_ids(fim: dict) -> tuple:
 
 def _extra_chunks(extra) -> list:
     if isinstance(extra, (str, bytes)) or not isinstance(extra, Sequence):
-        raise GenerationError("extra must be a list of {\"filename\": ..., \"text\": ...} chunks")
+        raise GenerationError.bad("extra", "must be a list of {\"filename\": ..., \"text\": ...} chunks")
     chunks = []
     for i, chunk in enumerate(extra):
         if not isinstance(chunk, Mapping) or not set(chunk) <= {"filename", "text"}:
-            raise GenerationError(f"extra[{i}] must be a {{\"filename\": ..., \"text\": ...}} object")
+            raise GenerationError.bad(f"extra[{i}]", "must be a {\"filename\": ..., \"text\": ...} object")
         chunks.append((check_text(chunk.get("filename", "tmp"), f"extra[{i}].filename"),
                        check_text(chunk.get("text", ""), f"extra[{i}].text")))
     return chunks
@@ -47,7 +47,7 @@ def infill_prompt(codec: TextCodec, fim: dict, prefix: str, suffix: str, extra=(
     """The token ids of a FIM request; ``room``: how many prompt tokens fit (None: no limit)."""
     if not fim:
         raise GenerationError("this bundle's tokenizer has no fill-in-the-middle tokens (e.g. <|fim_prefix|>): "
-                              "infill needs a code model trained for it")
+                              "infill needs a code model trained for it", "prefix")
     prefix_ids = codec.encode(check_text(prefix, "prefix"), special=False)
     suffix_ids = codec.encode(check_text(suffix, "suffix"), special=False)
     prompt_ids = codec.encode(check_text(prompt, "prompt"), special=False) if prompt else []
@@ -65,8 +65,8 @@ def infill_prompt(codec: TextCodec, fim: dict, prefix: str, suffix: str, extra=(
     if room is not None:
         room -= 3 + len(prompt_ids)  # the three markers and the prompt are always kept
         if room < 1:
-            raise GenerationError("the context has no room for this infill request: lower max_new_tokens "
-                                  "or load with a larger max_context")
+            raise GenerationError.bad("max_new_tokens", "leaves the context no room for this infill request: lower it "
+                                                        "or load with a larger max_context")
         suffix_ids = suffix_ids[: min(len(suffix_ids), room // 4)]
         prefix_ids = prefix_ids[len(prefix_ids) - min(len(prefix_ids), room - len(suffix_ids)):]
         keep = max(0, min(len(extra_ids), room - len(prefix_ids) - len(suffix_ids)))

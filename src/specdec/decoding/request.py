@@ -15,19 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdec.contract.limits import (AUTO_MAX_DRAFT_TOKENS, MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS,  # noqa: F401
-                                     MAX_TREE_NODES)
+from specdec.contract.limits import AUTO_MAX_DRAFT_TOKENS, MAX_SEED, MAX_TREE_NODES
+from specdec.decoding.options import (ContextLengthError, GenerationError, GenerationOptions, check_text,  # noqa: F401
+                                      is_int)
+from specdec.decoding.text import StopStrings, TextCodec
+from specdec.decoding.tree import AUTO_TREE_BUDGET, tree_size
 from specdec.sampling.coupling import PositionNoise
 from specdec.sampling.processors import SamplingConfig
-from specdec.decoding.text import StopStrings, TextCodec
-from specdec.decoding.tree import AUTO_TREE_BUDGET, parse_tree, tree_size
-
-PROPOSERS = ("draft", "lookup", "suffix", "hybrid")
-ACCEPTANCE_RULES = ("coupled", "rejection")
-
-
-class GenerationError(ValueError):
-    """A request that cannot be served as given (bad argument, prompt too long, ...)."""
 
 
 @dataclass
@@ -43,15 +37,24 @@ class GenerationStats:
     proposed: int = 0
     accepted: int = 0
     rejected_rounds: int = 0  # rounds that proposed tokens and rejected one (the per-token estimator's count)
-    lookup_rounds: int = 0  # rounds whose proposal came from prompt lookup
-    suffix_rounds: int = 0  # rounds whose proposal came from suffix matching (the request's text or earlier outputs)
-    tree_nodes: int = 0  # draft tree nodes verified (tree mode)
+    rounds_by_source: dict = field(default_factory=dict)  # proposer name ("draft", "suffix", ...) -> rounds it proposed
+    tree_nodes: int = 0  # tree nodes verified (draft trees, and suffix proposals that branch)
     grammar_masks: int = 0  # token masks the constraint engine computed (with a constraint)
     grammar_seconds: float = 0.0  # time computing them (part of host_seconds)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     decode_seconds: float = 0.0  # wall time of the decode loop (after prefill)
+
+    @property
+    def lookup_rounds(self) -> int:
+        """Rounds whose proposal came from prompt lookup."""
+        return self.rounds_by_source.get("lookup", 0)
+
+    @property
+    def suffix_rounds(self) -> int:
+        """Rounds whose proposal came from suffix matching (the request's text or earlier outputs)."""
+        return self.rounds_by_source.get("suffix", 0)
 
     @property
     def acceptance_rate(self) -> float:
@@ -79,8 +82,10 @@ class GenerationStats:
         return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     def as_dict(self) -> dict:
-        names = ("acceptance_rate", "token_acceptance", "mean_accepted_per_round", "host_seconds", "tokens_per_s")
-        return {**self.__dict__, **{name: getattr(self, name) for name in names}}
+        names = ("acceptance_rate", "token_acceptance", "mean_accepted_per_round", "host_seconds", "tokens_per_s",
+                 "lookup_rounds", "suffix_rounds")
+        return {**self.__dict__, "rounds_by_source": dict(self.rounds_by_source),
+                **{name: getattr(self, name) for name in names}}
 
     def summary(self) -> str:
         return (
@@ -99,6 +104,7 @@ class GenerationResult:
     stats: GenerationStats
     finish_reason: str  # "eos" | "length" | "stop"
     logprobs: list | None = None  # with generate(logprobs=k): one TokenLogprob per token id (decoding/constraint.py)
+    sources: list | None = None  # per token id: the proposer whose accepted proposal it was, or "target"
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ class Request:
     proposer: str = "draft"
     tree: tuple | str | None = None  # branching factors per depth, "auto", or None (a chain)
     stop_token_ids: frozenset = frozenset()  # e.g. a chat template's end-of-turn token: ends like EOS
-    acceptance: str = "coupled"  # how sampled proposals are verified (see runtime/coupling.py)
+    acceptance: str = "coupled"  # how sampled proposals are verified (see sampling/coupling.py)
     constraint: object = None  # a CompiledConstraint (decoding/constraint.py): the output matches its grammar
     logprobs: int | None = None  # None: off; k: each token's logprob and its k most likely alternatives
 
@@ -130,123 +136,73 @@ class Limits:
     eos_ids: frozenset = frozenset()  # the target's EOS ids (a grammar allows them where it may end)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def check_text(value, name: str) -> str:
-    """Text a tokenizer can encode: a str without lone surrogates (valid JSON can carry them: "\\ud800")."""
-    if not isinstance(value, str):
-        raise GenerationError(f"{name} must be text, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise GenerationError(f"{name} is not valid text: {exc.reason} at character {exc.start}") from None
-    return value
-
-
 def _prompt_ids(prompt, codec: TextCodec, vocab: int) -> tuple:
     if isinstance(prompt, str):
         if not prompt:
-            raise GenerationError("prompt is empty: give some text or token ids")
+            raise GenerationError.bad("prompt", "is empty: give some text or token ids")
         check_text(prompt, "prompt")
         ids = codec.encode(prompt)
     elif isinstance(prompt, np.ndarray):
         if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):
-            raise GenerationError(f"prompt token ids must be a 1-D integer array, got shape {prompt.shape} {prompt.dtype}")
+            raise GenerationError.bad("prompt", f"token ids must be a 1-D integer array, got shape {prompt.shape} "
+                                                f"{prompt.dtype}")
         ids = [int(t) for t in prompt]
     elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-        if not all(_is_int(t) for t in prompt):
-            bad = next(t for t in prompt if not _is_int(t))
-            raise GenerationError(f"prompt token ids must be integers, got {bad!r}")
+        if not all(is_int(t) for t in prompt):
+            bad = next(t for t in prompt if not is_int(t))
+            raise GenerationError.bad("prompt", f"token ids must be integers, got {bad!r}")
         ids = [int(t) for t in prompt]
     else:
-        raise GenerationError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
+        raise GenerationError.bad("prompt", f"must be text or a list of token ids, got {type(prompt).__name__}")
     if not ids:
-        raise GenerationError("prompt is empty: give some text or token ids")
+        raise GenerationError.bad("prompt", "is empty: give some text or token ids")
     if any(t < 0 or t >= vocab for t in ids):
-        raise GenerationError(f"prompt token ids must be in 0..{vocab - 1}")
+        raise GenerationError.bad("prompt", f"token ids must be in 0..{vocab - 1}")
     return tuple(ids)
 
 
-def _stops(stop) -> tuple:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = (stop,)  # a bare string is one stop string, not its characters
-    if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
-        raise GenerationError(f"stop must be a string or a list of strings, got {stop!r}")
-    if any(not s for s in stop):
-        raise GenerationError("stop strings must be non-empty")
-    return tuple(dict.fromkeys(stop))
+def make_request(codec: TextCodec, limits: Limits, prompt, options: GenerationOptions) -> Request:
+    """Check ``options`` against the loaded bundle (a draft for the proposer, token ids in the vocabulary, the
+    constraint compiled for its tokenizer, the prompt within the context) into a ``Request``; every error is a
+    GenerationError naming its option."""
+    from specdec.decoding.proposers import proposer_entries
 
-
-def make_request(codec: TextCodec, limits: Limits, prompt, *, max_new_tokens=128, sampling=None,
-                 num_draft_tokens="auto", seed=None, stop=(), proposer=None, tree=None, stop_token_ids=(),
-                 acceptance="coupled", constraint=None, logprobs=None) -> Request:
-    """Validate the public arguments (each error names its argument) into a ``Request``."""
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
-        raise GenerationError(f"max_new_tokens must be an integer >= 0 (0: prefill only), got {max_new_tokens!r}")
-    sampling = SamplingConfig() if sampling is None else sampling
-    if not isinstance(sampling, SamplingConfig):
-        raise GenerationError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed <= MAX_SEED):
-        raise GenerationError(f"seed must be None or an integer in 0..2**63-1, got {seed!r}")
-    if acceptance not in ACCEPTANCE_RULES:
-        raise GenerationError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {acceptance!r}")
-    if num_draft_tokens != "auto" and (not _is_int(num_draft_tokens) or not 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS):
-        raise GenerationError(
-            f"num_draft_tokens must be \"auto\" or an integer in 0..{MAX_DRAFT_TOKENS}, got {num_draft_tokens!r}")
-    longest = AUTO_MAX_DRAFT_TOKENS if num_draft_tokens == "auto" else int(num_draft_tokens)
-    if proposer is not None and proposer not in PROPOSERS:
-        raise GenerationError(f"proposer must be one of {', '.join(PROPOSERS)}, got {proposer!r}")
-    if tree is not None and not isinstance(tree, (str, Sequence)):
-        raise GenerationError(f"tree must be \"auto\", a shape like \"2,2,1\" or a list of branching factors, got {tree!r}")
-    try:
-        tree = parse_tree(tree)
-    except (ValueError, TypeError) as exc:
-        raise GenerationError(str(exc).splitlines()[0]) from None
+    if not isinstance(options, GenerationOptions):
+        raise GenerationError.bad("options", f"must be a GenerationOptions, got {type(options).__name__}")
+    proposer, tree = options.proposer, options.tree
     if proposer is None:
         proposer = "draft" if tree is not None else ("hybrid" if limits.has_draft else "suffix")
+    longest = AUTO_MAX_DRAFT_TOKENS if options.auto else options.num_draft_tokens
     if tree is not None:
-        if num_draft_tokens == 0:
-            raise GenerationError("tree needs speculation: num_draft_tokens=0 means target-only decoding")
-        if not limits.has_draft or proposer != "draft":
-            raise GenerationError("tree drafting needs a draft model and proposer=\"draft\"")
+        if not limits.has_draft:
+            raise GenerationError.bad("tree", "drafting needs a draft model and proposer=\"draft\"")
         nodes = AUTO_TREE_BUDGET if tree == "auto" else tree_size(tree)
         if nodes > MAX_TREE_NODES:
-            raise GenerationError(f"tree of {nodes} nodes exceeds the {MAX_TREE_NODES} nodes one pass may verify")
+            raise GenerationError.bad("tree", f"of {nodes} nodes exceeds the {MAX_TREE_NODES} nodes one pass may "
+                                              "verify")
         longest = max(longest, nodes)
-    if proposer in ("draft", "hybrid") and not limits.has_draft and num_draft_tokens != 0:
-        raise GenerationError("this bundle has no draft model: use proposer=\"suffix\", \"lookup\" or num_draft_tokens=0")
-    stops = _stops(stop)
-    if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (Sequence, set, frozenset)):
-        raise GenerationError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
-    if not all(_is_int(t) and 0 <= t < limits.vocab_size for t in stop_token_ids):
-        raise GenerationError(f"stop_token_ids must be integers in 0..{limits.vocab_size - 1}")
-    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise GenerationError(f"logprobs must be None or an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per "
-                              f"token), got {logprobs!r}")
+    if proposer_entries()[proposer].needs_draft and not limits.has_draft and options.num_draft_tokens != 0:
+        others = [name for name, entry in proposer_entries().items() if not entry.needs_draft]
+        raise GenerationError.bad("proposer", f"{proposer!r} needs a draft model, and this bundle has no draft "
+                                              f"model: use {' or '.join(map(repr, others))}, or num_draft_tokens=0")
+    if any(t >= limits.vocab_size for t in options.stop_token_ids):
+        raise GenerationError.bad("stop_token_ids", f"must be integers in 0..{limits.vocab_size - 1}")
     compiled = None
-    if constraint is not None:
+    if options.constraint is not None:
         from specdec.decoding.constraint import ConstraintError, compile_constraint
 
         try:
-            compiled = compile_constraint(constraint, codec, limits.vocab_size, limits.eos_ids)
+            compiled = compile_constraint(options.constraint, codec, limits.vocab_size, limits.eos_ids)
         except ConstraintError as exc:
-            message = str(exc)
-            raise GenerationError(message if message.startswith("constraint") else f"constraint: {message}") from None
+            message = str(exc).removeprefix("constraint").lstrip(": ")
+            raise GenerationError(f"constraint: {message}", "constraint", f"is not usable: {message}") from None
     prompt_ids = _prompt_ids(prompt, codec, limits.vocab_size)
-    needed = len(prompt_ids) + max_new_tokens + longest + 1
+    needed = len(prompt_ids) + options.max_new_tokens + longest + 1
     if needed > limits.max_context:
-        raise GenerationError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) + draft tokens "
-            f"({longest}) + 1 = {needed} exceeds max_context {limits.max_context}: "
-            "shorten the prompt, lower max_new_tokens, or load with a larger max_context"
-        )
-    return Request(prompt_ids, int(max_new_tokens), sampling, num_draft_tokens, None if seed is None else int(seed),
-                   stops, proposer, tree, frozenset(int(t) for t in stop_token_ids), acceptance, compiled,
-                   None if logprobs is None else int(logprobs))
+        raise ContextLengthError(len(prompt_ids), options.max_new_tokens, longest, limits.max_context)
+    return Request(prompt_ids, options.max_new_tokens, options.sampling, options.num_draft_tokens, options.seed,
+                   options.stop, proposer, tree, frozenset(options.stop_token_ids), options.acceptance, compiled,
+                   options.logprobs)
 
 
 @dataclass
@@ -259,6 +215,7 @@ class RequestState:
     vocab_size: int
     tokens: list = field(default_factory=list)
     seen: set = field(default_factory=set)  # unique ids in the sequence (the repetition penalty's context)
+    sources: list = field(default_factory=list)  # per output token: the proposer whose proposal it was, or "target"
     stats: GenerationStats = field(default_factory=GenerationStats)
     finish: str = ""  # "" while running, then "eos" | "stop" | "length"
 
@@ -308,10 +265,12 @@ class RequestState:
             return _EMPTY
         return np.fromiter(self.seen.union(candidates), dtype=np.int64)
 
-    def commit(self, new_tokens: list) -> str:
-        """Append a round's tokens, cut at EOS / a stop id / a stop string / the budget; returns the final text piece."""
+    def commit(self, new_tokens: list, source: str = "none") -> str:
+        """Append a round's tokens (the accepted proposals from ``source``, then the target's own token), cut at EOS /
+        a stop id / a stop string / the budget; returns the final text piece."""
         stops = self.request.stop_token_ids
-        for token in new_tokens:
+        for index, token in enumerate(new_tokens):
+            self.sources.append(source if index < len(new_tokens) - 1 else "target")
             self.tokens.append(token)
             self.seen.add(token)
             if token in self.eos_ids or token in stops:

@@ -3,10 +3,10 @@
 - ``greedy`` (temperature 0): the argmax of the penalized logits; verification accepts a
   proposal while it equals the target's argmax.
 - ``coupled`` (the default when sampling): the token at absolute position i is the coupled sample
-  ``argmax probs / E_i`` with the seed's noise for position i (runtime/coupling.py); proposals
+  ``argmax probs / E_i`` with the seed's noise for position i (sampling/coupling.py); proposals
   use the same noise and are accepted while they equal the target's coupled token, so the
   output is the target's own seeded sample whatever proposed it.
-- ``rejection``: modified rejection sampling (runtime/acceptance.py, runtime/tree.py): accept
+- ``rejection``: modified rejection sampling (sampling/acceptance.py, decoding/tree.py): accept
   d with probability min(1, p/q), else draw from the residual; draws come from one RNG in the
   order the rounds make them, so a fixed schedule reproduces, an adaptive one need not.
 
@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.sampling.acceptance import greedy_accept, speculative_accept
+from specdec.sampling.acceptance import greedy_accept, one_hot_rows, speculative_accept
 from specdec.sampling.coupling import coupled_token, coupled_top_k
-from specdec.decoding.lookup import one_hot_rows
 from specdec.sampling.processors import (SamplingConfig, greedy_token, penalized_scores, sample,
                                         sampling_distribution)
 from specdec.decoding.constraint import GrammarGuide, TokenLogprob, masked

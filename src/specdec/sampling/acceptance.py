@@ -69,3 +69,10 @@ def speculative_accept(
             continue
         return i, sample(residual_distribution(target_probs[i], draft_probs[i]), rng)
     return gamma, sample(target_probs[gamma], rng)
+
+
+def one_hot_rows(tokens: list[int], vocab: int) -> np.ndarray:
+    """[len(tokens), vocab] float64: the 'distribution' a deterministic proposer (lookup, suffix) sampled from."""
+    rows = np.zeros((len(tokens), vocab), dtype=np.float64)
+    rows[np.arange(len(tokens)), tokens] = 1.0
+    return rows

@@ -20,6 +20,14 @@ _FLOAT32_SAFE = 1e30
 
 class DistributionError(ValueError):
     """No sampling distribution can be formed (NaN/inf logits, or every token's score is -inf)."""
+
+
+class SamplingError(ValueError):
+    """A SamplingConfig field out of range: ``option`` names it, ``problem`` says what is wrong (without the name)."""
+
+    def __init__(self, option: str, problem: str):
+        super().__init__(f"{option} {problem}")
+        self.option, self.problem = option, problem
 # top-p looks at the largest candidates first and sorts the whole vocabulary only when
 # they do not already hold top_p of the mass.
 _TOP_P_CANDIDATES = 2048
@@ -37,17 +45,18 @@ class SamplingConfig:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(f"{name} must be a number, got {value!r}")
+                raise SamplingError(name, f"must be a number, got {value!r}")
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+            raise SamplingError("temperature", f"must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise SamplingError("top_k", f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingError("top_p", f"must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p < 1.0):
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+            raise SamplingError("min_p", f"must be in [0, 1), got {self.min_p}")
         if not (self.repetition_penalty > 0.0 and np.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty}")
+            raise SamplingError("repetition_penalty", f"must be a finite number > 0 (1 = off), got "
+                                                      f"{self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:

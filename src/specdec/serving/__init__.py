@@ -1,3 +1,4 @@
-"""The OpenAI-compatible server: wire protocol, handlers, the worker pool, metrics, Ray Serve replicas.
-Imports ``decoding`` and below; never ``bench``, ``cli`` or ``export``.
+"""The HTTP server: one module per wire dialect (``dialects/``) over shared job streaming (``jobs.py``), chat
+turns (``turns.py``), the worker pool, metrics, Ray Serve replicas. Imports ``decoding`` and below; never
+``bench``, ``cli`` or ``export``.
 """

@@ -1,46 +1,73 @@
-"""An OpenAI-compatible HTTP server over a DecoderPool (FastAPI; the ``[serve]`` extra): the wiring.
+"""The HTTP server over a DecoderPool (FastAPI; the ``[serve]`` extra): the wiring of its dialects.
 
-Routes: ``/v1/models``, ``/v1/completions`` (with ``suffix``: fill-in-the-middle), ``/v1/chat/completions``
-(``stream: true`` as server-sent events), llama-server's ``/infill``, ``/health``, ``/metrics`` (Prometheus
-text). Every error is OpenAI-shaped JSON (``{"error":
-{"message", "type", "param", "code"}}``): 400 for bad input (each bad field named), 404 for an unknown
-model, 429 (queue full) / 503 (shutting down) with ``Retry-After``. Generation runs in the pool's worker
-threads; a client that goes away cancels its job.
+Each wire dialect is one module of ``serving/dialects`` that mounts its routes over the shared ``Engine``
+(serving/jobs.py): OpenAI's chat completions, completions and models (``dialects/openai.py``, also without the
+``/v1`` prefix), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health`` and ``/metrics``
+(Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for
+bad input (each bad field named), 404 for an unknown route (or model, with ``strict_model``), 429 (queue full)
+/ 503 (shutting down) with ``Retry-After``, 499 when the client went away before its answer, 500 for a
+failure of the server itself. Generation runs in the pool's worker threads; a client that goes away cancels
+its job.
 
 ``build_app`` is the one load -> pool -> app path (``specdec serve`` and each Ray Serve replica);
-``create_app`` mounts the handlers (handlers.py) over a pool. The wire shapes are protocol.py's.
+``create_app`` mounts the dialects over a pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.serving.handlers import Chat, Completions, Infill, Info
+from specdec.serving.dialects import DIALECTS
+from specdec.serving.jobs import Engine
 from specdec.serving.metrics import Metrics
 from specdec.serving.pool import DecoderPool, PoolOptions
-from specdec.serving.protocol import APIError, ClientGone, error_response, field_errors
+from specdec.serving.wire import APIError, ClientGone, error_response, field_errors
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ServerOptions:
-    model_name: str
+    model_name: str  # the served model's id: what /v1/models lists first and every reply names
+    aliases: tuple = ()  # other names the server lists and answers to
+    # True: a request naming another model is a 404 (OpenAI's behaviour); False (default, llama-server's): with one
+    # model served, any name is that model (agents send the name they were configured with)
+    strict_model: bool = False
     shutdown_grace: float = 10.0  # seconds running requests may take to finish at shutdown
     retry_after: int = 1  # seconds, sent with 429 / 503
 
     def __post_init__(self):
-        if not self.model_name:
-            raise ValueError("model_name must be non-empty")
+        if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
+            raise ValueError("model names must be non-empty")
+        object.__setattr__(self, "aliases", tuple(dict.fromkeys(a for a in self.aliases if a != self.model_name)))
         if not self.shutdown_grace >= 0:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
+
+    @property
+    def model_names(self) -> tuple:
+        return (self.model_name, *self.aliases)
+
+    def known_model(self, name: str) -> None:
+        """404 for a name the server does not answer to (only with ``strict_model``)."""
+        if self.strict_model and name not in self.model_names:
+            served = ", ".join(map(repr, self.model_names))
+            raise APIError(404, f"model {name!r} does not exist: this server serves {served}", param="model",
+                           code="model_not_found")
+
+    def answer_model(self, name: str | None) -> str:
+        """The id a reply names for a request that asked for ``name``."""
+        if name is not None:
+            self.known_model(name)
+        return self.model_name
 
 
 @dataclass(frozen=True)
@@ -78,7 +105,7 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
 
 
 def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
-    """The FastAPI app serving ``pool`` under the OpenAI routes; closing the app closes the pool."""
+    """The FastAPI app serving ``pool`` in every dialect; closing the app closes the pool."""
     metrics = Metrics()
 
     @asynccontextmanager
@@ -89,44 +116,59 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.add_middleware(_CountRequests, metrics=metrics)
     _add_error_handlers(app)
+    engine = Engine(pool, options, metrics)
 
-    info, completions, chat, infill = (Info(pool, options, metrics), Completions(pool, options, metrics),
-                                       Chat(pool, options, metrics), Infill(pool, options, metrics))
-    app.add_api_route("/health", info.health, methods=["GET"])
-    app.add_api_route("/metrics", info.prometheus, methods=["GET"])
-    app.add_api_route("/v1/models", info.models, methods=["GET"])
-    app.add_api_route("/v1/models/{model}", info.model, methods=["GET"])
-    app.add_api_route("/v1/completions", completions.create, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", chat.create, methods=["POST"])
-    app.add_api_route("/infill", infill.create, methods=["POST"])  # llama-server's fill-in-the-middle
+    async def health():
+        return {"status": "shutting_down" if pool.closed else "ok", "pid": os.getpid(),
+                "workers": pool.options.workers, "busy": pool.busy, "queue_depth": pool.waiting}
+
+    async def prometheus():
+        return PlainTextResponse(metrics.render(pool), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    for path in ("/health", "/v1/health"):
+        app.add_api_route(path, health, methods=["GET"])
+    app.add_api_route("/metrics", prometheus, methods=["GET"])
+    for dialect in DIALECTS:
+        dialect.mount(app, engine, options)
     return app
 
 
+def _error_shape(path: str):
+    """The error writer of the dialect that owns ``path`` (OpenAI's shape unless a dialect claims the path)."""
+    for dialect in DIALECTS:
+        owns = getattr(dialect, "owns_errors", None)
+        if owns is not None and owns(path):
+            return dialect.error_response
+    return error_response
+
+
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every error OpenAI-shaped: bad fields 400 (each named), HTTP errors as themselves, anything else 500."""
+    """Bad fields 400 (each named), HTTP errors as themselves, anything else 500: in the route's dialect."""
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
-        return exc.response()
+        return _error_shape(request.url.path)(exc.status, exc.message, exc.param, exc.code, exc.kind, exc.headers())
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
         message, param = field_errors(exc)
-        return error_response(400, message, param)
+        return _error_shape(request.url.path)(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(exc.status_code, str(exc.detail), kind=kind, headers=getattr(exc, "headers", None))
+        return _error_shape(request.url.path)(exc.status_code, str(exc.detail), kind=kind,
+                                              headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ClientGone)
     async def client_gone(request, exc):
-        return error_response(499, "client closed the request")
+        return _error_shape(request.url.path)(499, "client closed the request")
 
     @app.exception_handler(Exception)
     async def failure(request, exc: Exception):
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+        return _error_shape(request.url.path)(500, f"internal error: {type(exc).__name__}: {exc}",
+                                              kind="server_error")
 
 
 class _CountRequests:

@@ -10,7 +10,7 @@ Cancelling a job (client gone, shutdown) makes its worker close the iterator aft
 Routing: jobs start in arrival order; a job that names its prompt's token ids goes to the free worker
 whose KV cache already holds the longest prefix of them (``decoder.cached_prefix``), so a conversation's
 next turn, or an editor's next infill on the same file, computes only what is new. Boundary: no HTTP
-here (handlers.py).
+here (jobs.py and the dialects).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ path (a shared or synced folder), with specdec installed in each node's Python.
 A cluster: ``ray start --head --node-ip-address=<head ip>`` on one machine, ``ray start
 --address=<head ip>:6379`` on the others, then ``specdec serve BUNDLE --ray --address auto --replicas N``
 on any of them. Without ``--address`` a local Ray instance is started on 127.0.0.1 (dashboard off).
-Boundary: deployment wiring only; HTTP behaviour is app.py's and handlers.py's.
+Boundary: deployment wiring only; HTTP behaviour is app.py's and the dialects'.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 class RayOptions:
     bundle: str
     model_name: str
+    aliases: tuple = ()  # other model names replies answer to (ServerOptions)
+    strict_model: bool = False  # 404 for a model name not served (ServerOptions)
+    shutdown_grace: float = 10.0  # seconds a replica's running requests may take to finish when it stops
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1  # decoders per replica (forks sharing the replica's sessions)
@@ -84,7 +87,9 @@ def build_application(options: RayOptions):
         from specdec.serving.app import LoadOptions, ServerOptions, build_app
         from specdec.serving.pool import PoolOptions
 
-        return build_app(bundle, ServerOptions(model_name=options.model_name),
+        return build_app(bundle, ServerOptions(model_name=options.model_name, aliases=options.aliases,
+                                               strict_model=options.strict_model,
+                                               shutdown_grace=options.shutdown_grace),
                          PoolOptions(workers=options.workers, max_queue=options.max_queue),
                          LoadOptions(provider=options.provider, max_context=options.max_context,
                                      threads=options.threads, verify=options.verify,
@@ -97,6 +102,7 @@ def build_application(options: RayOptions):
         ray_actor_options={"num_cpus": options.cpus_per_replica},
         # Ray routes at most this many requests to a replica at once; more wait in Ray's queue
         max_ongoing_requests=options.workers + options.max_queue,
+        graceful_shutdown_timeout_s=options.shutdown_grace,  # Ray waits this long for a stopping replica's requests
         **options.scaling(),
     )(serve.ingress(replica_app)())
     return replica.bind()

@@ -1,0 +1,49 @@
+"""Where proposals come from: one module per proposer, found by the registry below.
+
+A module of this package that defines ``PROPOSER = ProposerEntry(name, make, help, ...)`` is a proposer: the
+API's ``proposer=`` choices, the CLI's ``--proposer``, the server's ``proposer`` field and the bench's modes
+all read this registry, so adding a proposer is adding one module (and its tests). ``base.py`` holds the
+records every proposer shares; ``make_proposer`` builds the one a request asks for.
+
+- ``draft`` (draft.py): the draft model's chains (fixed or "auto" lengths), or its token trees with ``tree=``;
+- ``lookup`` (lookup.py): n-gram prompt lookup;
+- ``suffix`` (suffix.py): suffix decoding over the request's own text and recent requests' outputs;
+- ``hybrid`` (hybrid.py, the default): each round the suffix tree, the draft's chain or nothing, whichever
+  promises the most tokens per second from this machine's measured pass costs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import lru_cache
+
+from specdec.decoding.proposers.base import (Proposal, Proposer, ProposerEntry, ProposerResources, RoundInput,
+                                             RoundResult, chain)
+
+__all__ = ["Proposal", "Proposer", "ProposerEntry", "ProposerResources", "RoundInput", "RoundResult", "chain",
+           "make_proposer", "proposer_entries", "proposer_names"]
+
+
+@lru_cache(maxsize=1)
+def proposer_entries() -> dict:
+    """name -> ProposerEntry of every proposer module in this package, in their declared order."""
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        entry = getattr(module, "PROPOSER", None)
+        if isinstance(entry, ProposerEntry):
+            found.append(entry)
+    return {entry.name: entry for entry in sorted(found, key=lambda entry: (entry.rank, entry.name))}
+
+
+def proposer_names() -> tuple:
+    return tuple(proposer_entries())
+
+
+def make_proposer(request, resources: ProposerResources) -> Proposer:
+    """The proposer ``request`` asks for (``request.proposer`` is resolved by make_request); target-only
+    decoding (``num_draft_tokens=0``) proposes nothing."""
+    if request.num_draft_tokens == 0:
+        return Proposer()
+    return proposer_entries()[request.proposer].make(request, resources)

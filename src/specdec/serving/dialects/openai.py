@@ -1,0 +1,325 @@
+"""OpenAI's wire dialect: ``/v1/models``, ``/v1/completions`` (with ``suffix``: fill-in-the-middle),
+``/v1/chat/completions`` (``stream: true`` as server-sent events), each also without the ``/v1`` prefix as
+llama-server serves them.
+
+A body becomes a ``GenerationOptions`` here (``options_of``), its output format a constraint, a chat's messages
+and tools a ``ChatTurn`` (serving/turns.py); the job runs through the shared ``Engine`` (serving/jobs.py), and the
+answer is written in OpenAI's shapes: ``choices``, ``usage`` with ``prompt_tokens_details.cached_tokens``, the
+``specdec`` block (acceptance, rounds, timings), ``logprobs``, ``tool_calls``. Errors are OpenAI-shaped (wire.py).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from specdec.decoding.options import GenerationError, GenerationOptions
+from specdec.decoding.request import GenerationStats
+from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
+from specdec.serving.jobs import Done, Engine, Piece
+from specdec.serving.turns import TurnOutput, chat_turn, output_constraint
+from specdec.serving.wire import APIError, option_error, sampling_config, sse
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+# decoder option -> the OpenAI field that carries it (the rest have the same names)
+NAMES = {"max_new_tokens": "max_tokens", "prompt": "prompt", "stop_token_ids": "stop"}
+CHAT_NAMES = {**NAMES, "prompt": "messages"}
+INSERT_NAMES = {**NAMES, "prefix": "prompt"}  # /v1/completions with a suffix
+
+
+def finish_reason(done: Done) -> str:
+    """OpenAI's "stop" (EOS, end of turn, stop string) or "length"."""
+    return "length" if done.finish == "length" else "stop"
+
+
+def specdec_fields(done: Done) -> dict:
+    """What the answer says about speculation (beside OpenAI's fields)."""
+    stats = done.stats
+    return {"cached_tokens": stats.cached_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
+            "proposed_tokens": stats.proposed, "accepted_tokens": stats.accepted, "rounds": stats.rounds,
+            "rounds_by_source": dict(stats.rounds_by_source), "tokens_per_second": round(stats.tokens_per_s, 2),
+            "prefill_seconds": round(stats.prefill_seconds, 4), "decode_seconds": round(stats.decode_seconds, 4),
+            "queue_seconds": round(done.queue_seconds, 4)}
+
+
+def usage(stats: GenerationStats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
+            "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+
+def options_of(body, max_new: int, names: dict, **more) -> GenerationOptions:
+    """An OpenAI body's generation fields as a ``GenerationOptions`` (``more``: the route's own)."""
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    tree = ",".join(map(str, body.tree)) if isinstance(body.tree, list) else body.tree
+    try:
+        sampling = sampling_config(names, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                   min_p=body.min_p, repetition_penalty=body.repetition_penalty)
+        return GenerationOptions(max_new_tokens=max_new, sampling=sampling,
+                                 num_draft_tokens=body.num_draft_tokens, seed=body.seed, stop=tuple(stop),
+                                 proposer=body.proposer, tree=tree, **more)
+    except GenerationError as exc:
+        raise option_error(exc, names) from None
+
+
+def body_constraint(body, names: dict):
+    """The output constraint a body asks for: ``response_format`` (json_object / json_schema), or llama-server's
+    ``grammar`` (GBNF) / ``json_schema``; at most one of them. Records the field in ``names`` so the decoder's
+    refusals name it."""
+    given = [name for name in ("response_format", "grammar", "json_schema")
+             if name in type(body).model_fields and getattr(body, name) is not None and not (
+                 name == "response_format" and body.response_format.type == "text")]
+    if len(given) > 1:
+        raise APIError(400, f"{given[1]}: give one of response_format, grammar, json_schema", param=given[1])
+    if not given:
+        return None
+    name = names["constraint"] = given[0]
+    try:
+        if name == "grammar":
+            return output_constraint("grammar", grammar=body.grammar, field=name)
+        if name == "json_schema":
+            return output_constraint("json_schema", body.json_schema, field=name)
+        form = body.response_format
+        if form.type == "json_object":
+            return output_constraint("json_object", form.schema_, field=name)
+        if form.json_schema is None:
+            raise APIError(400, "response_format.json_schema: required with type json_schema",
+                           param="response_format")
+        return output_constraint("json_schema", form.json_schema.schema_, field=name)
+    except GenerationError as exc:
+        raise option_error(exc, names) from None
+
+
+def logprob_item(codec, token_id: int, logprob: float) -> dict:
+    data = codec.piece_bytes(token_id) if hasattr(codec, "piece_bytes") else codec.decode([token_id]).encode()
+    return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
+
+
+def logprob_entry(codec, entry, top: bool = True) -> dict:
+    """One token's OpenAI chat logprobs item (token text, logprob, UTF-8 bytes, alternatives)."""
+    out = logprob_item(codec, entry.token, entry.logprob)
+    if top:
+        out["top_logprobs"] = [logprob_item(codec, t, lp) for t, lp in entry.top]
+    return out
+
+
+def chat_logprobs(codec, entries) -> dict | None:
+    return None if entries is None else {"content": [logprob_entry(codec, e) for e in entries], "refusal": None}
+
+
+def completion_logprobs(codec, entries, offset: int = 0) -> dict | None:
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs (token -> logprob), text_offset."""
+    if entries is None:
+        return None
+    tokens, offsets, tops = [], [], []
+    for entry in entries:
+        item = logprob_entry(codec, entry)
+        tokens.append(item["token"])
+        offsets.append(offset)
+        offset += len(item["token"])
+        tops.append({alt["token"]: alt["logprob"] for alt in item["top_logprobs"]})
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def source_block(piece: Piece) -> dict | None:
+    """``token_sources``: the piece's text by the proposer of its tokens (the web page's colours)."""
+    if piece.spans is None:
+        return None
+    return {"sources": [{"text": text, "source": source} for text, source in piece.spans]}
+
+
+def error_lines(message: str, code: str | None) -> list:
+    return [sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})]
+
+
+def include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def plain_message(message: ChatMessage) -> dict:
+    plain = message.model_dump(exclude_none=True)
+    if plain["role"] == "developer":  # OpenAI's newer name for the system role; templates know "system"
+        plain["role"] = "system"
+    return plain
+
+
+class Completions:
+    """``POST /v1/completions``."""
+
+    def __init__(self, engine: Engine, server):
+        self.engine, self.server = engine, server
+
+    async def create(self, body: CompletionRequest, request: Request):
+        model = self.server.answer_model(body.model)
+        engine = self.engine
+        prompt = body.prompt[0] if isinstance(body.prompt, list) and isinstance(body.prompt[0], str) else body.prompt
+        names = dict(INSERT_NAMES if body.suffix is not None else NAMES)
+        constraint = body_constraint(body, names)
+        max_new = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        options = options_of(body, max_new, names, constraint=constraint, logprobs=body.logprobs)
+        try:
+            if body.suffix is not None:  # OpenAI's legacy insert mode / Ollama's suffix: fill in the middle
+                if not isinstance(prompt, str):
+                    raise APIError(400, "suffix: fill-in-the-middle needs a text prompt, not token ids", param="suffix")
+                prompt_ids, options = engine.decoder.infill_request(prompt, body.suffix, options)
+            else:
+                prompt_ids = engine.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except GenerationError as exc:
+            raise option_error(exc, names) from None
+        prepared = engine.prepare(prompt_ids, options, names, sources=body.token_sources)
+        job, first = await engine.start(prepared, request, names)
+        ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        codec, offset = engine.codec, [0]
+
+        def chunk(text, finish, entries=None):
+            logprobs = completion_logprobs(codec, entries, offset[0]) if entries is not None else None
+            offset[0] += len(text or "")
+            return {"id": ident, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
+
+        if body.stream:
+            def piece_lines(piece: Piece) -> list:
+                out = chunk(piece.text, None, piece.logprobs)
+                if (block := source_block(piece)) is not None:
+                    out["specdec"] = block
+                return [sse(out)]
+
+            def last(done: Done) -> list:
+                lines = []
+                if done.logprobs:  # tokens no piece carried (text held back, e.g. an incomplete character)
+                    lines.append(sse(chunk("", None, done.logprobs)))
+                final = chunk(None, finish_reason(done))
+                final["specdec"] = specdec_fields(done)
+                lines.append(sse(final))
+                if include_usage(body):
+                    lines.append(sse({**chunk(None, None), "choices": [], "usage": usage(done.stats),
+                                      "specdec": specdec_fields(done)}))
+                return lines + ["data: [DONE]\n\n"]
+
+            return StreamingResponse(engine.events(job, first, piece_lines, last, error_lines),
+                                     media_type="text/event-stream")
+        text, done, _ = await engine.collect(job, first, request)
+        return {**chunk(text, finish_reason(done), done.logprobs), "usage": usage(done.stats),
+                "specdec": specdec_fields(done)}
+
+
+class Chat:
+    """``POST /v1/chat/completions``: the bundle's chat template around the messages; ``tools`` rendered by the
+    template, the model's calls parsed (decoding/tools.py) into ``tool_calls``."""
+
+    def __init__(self, engine: Engine, server):
+        self.engine, self.server = engine, server
+
+    async def create(self, body: ChatCompletionRequest, request: Request):
+        model = self.server.answer_model(body.model)
+        engine = self.engine
+        names = dict(CHAT_NAMES)
+        if body.max_completion_tokens is not None:
+            if body.max_tokens is not None and body.max_tokens != body.max_completion_tokens:
+                raise APIError(400, "max_tokens and max_completion_tokens differ: give one", param="max_tokens")
+            body = body.model_copy(update={"max_tokens": body.max_completion_tokens})
+            names["max_new_tokens"] = "max_completion_tokens"
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
+        constraint = body_constraint(body, names)
+        try:
+            turn = chat_turn(engine.decoder, [plain_message(m) for m in body.messages], tools, choice,
+                             body.parallel_tool_calls, constraint)
+        except GenerationError as exc:
+            raise option_error(exc, names) from None
+        if turn.constraint is not constraint:
+            names["constraint"] = "tools"
+        max_new = body.max_tokens if body.max_tokens is not None else engine.open_budget(turn.ids)
+        options = options_of(body, max_new, names, stop_token_ids=turn.stop_token_ids, constraint=turn.constraint,
+                             logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+        prepared = engine.prepare(turn.ids, options, names, body.max_tokens is not None, sources=body.token_sources)
+        job, first = await engine.start(prepared, request, names)
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        codec = engine.codec
+        output = turn.output()
+
+        def chunk(delta, finish, entries=None):
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(codec, entries),
+                                 "finish_reason": finish}]}
+
+        if body.stream:
+            def call_lines(finished) -> list:
+                first = len(output.calls) - len(finished)
+                return [sse(chunk({"tool_calls": [call.as_openai(first + i)]}, None)) for i, call in enumerate(finished)]
+
+            def piece_lines(piece: Piece) -> list:
+                content, finished = output.push(piece.text)
+                lines = []
+                if content or piece.logprobs:
+                    out = chunk({"content": content}, None, piece.logprobs)
+                    if (block := source_block(piece)) is not None and output.stream is None:
+                        out["specdec"] = block
+                    lines.append(sse(out))
+                return lines + call_lines(finished)
+
+            def last(done: Done) -> list:
+                lines = []
+                rest, finished = output.finish()
+                if rest or done.logprobs:
+                    lines.append(sse(chunk({"content": rest} if rest else {}, None, done.logprobs or None)))
+                lines += call_lines(finished)
+                called = bool(output.calls)
+                final = chunk({}, "tool_calls" if called and done.finish != "length" else finish_reason(done))
+                final["specdec"] = specdec_fields(done)
+                lines.append(sse(final))
+                if include_usage(body):
+                    lines.append(sse({**chunk({}, None), "choices": [], "usage": usage(done.stats),
+                                      "specdec": specdec_fields(done)}))
+                return lines + ["data: [DONE]\n\n"]
+
+            async def events():
+                yield sse(chunk({"role": "assistant", "content": ""}, None))
+                async for line in engine.events(job, first, piece_lines, last, error_lines):
+                    yield line
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        text, done, _ = await engine.collect(job, first, request)
+        content, calls = output.parse(text)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
+        finish = "tool_calls" if calls and done.finish != "length" else finish_reason(done)
+        return {"id": ident, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
+                             "finish_reason": finish}],
+                "usage": usage(done.stats), "specdec": specdec_fields(done)}
+
+
+class Models:
+    """``GET /v1/models``, ``GET /v1/models/{model}``."""
+
+    def __init__(self, server):
+        self.server = server
+
+    async def list(self):
+        return {"object": "list", "data": [self._card(name) for name in self.server.model_names]}
+
+    async def one(self, model: str):
+        self.server.known_model(model)
+        return self._card(model)
+
+    @staticmethod
+    def _card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "specdec"}
+
+
+def mount(app, engine: Engine, server) -> None:
+    completions, chat, models = Completions(engine, server), Chat(engine, server), Models(server)
+    for prefix in ("/v1", ""):  # llama-server answers both
+        app.add_api_route(f"{prefix}/models", models.list, methods=["GET"])
+        app.add_api_route(f"{prefix}/models/{{model}}", models.one, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", chat.create, methods=["POST"])
+    app.add_api_route("/v1/completions", completions.create, methods=["POST"])

@@ -1,0 +1,155 @@
+"""OpenAI's request bodies (chat completions, completions), as strict pydantic models.
+
+Bounds come from the limits table (contract/limits.py); what a combination of fields means is the decoder's
+to check (wire.py). The specdec extensions (``num_draft_tokens``, ``proposer``, ``tree``, ``top_k``, ``min_p``,
+``repetition_penalty``, ``token_sources``) and llama-server's ``grammar`` / ``json_schema`` are accepted
+beside OpenAI's fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS
+from specdec.decoding.proposers import proposer_names
+from specdec.serving.wire import Strict, check_stops
+
+ProposerName = Literal[proposer_names()]  # the registry's names (decoding/proposers)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's ``response_format``: "text", "json_object" (any JSON object) or "json_schema" (strict)."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict | None = Field(default=None, alias="schema")  # vLLM / llama-server's shorthand for json_object
+
+
+class _GenerationFields(Strict):
+    model: str
+    max_tokens: int | None = None  # its range is the decoder's (make_request): one place
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0  # OpenAI's default (0 = greedy)
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    user: str | None = None  # accepted and ignored, as by other local servers
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # specdec extensions
+    top_k: Annotated[int, Field(ge=0)] = 0
+    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
+    proposer: ProposerName | None = None
+    tree: str | list[Annotated[int, Field(ge=1)]] | None = None
+    # each streamed chunk says which proposer each token came from (specdec.tokens): the web page's colours
+    token_sources: bool = False
+    # constrained output: OpenAI's response_format; llama-server's grammar (GBNF) and json_schema
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None
+    json_schema: dict | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value):
+        if value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value):
+        if value != 0:
+            raise ValueError("only 0 is supported (use repetition_penalty)")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value):
+        return check_stops(value)
+
+
+class CompletionRequest(_GenerationFields):
+    prompt: str | list[str] | list[int]
+    suffix: str | None = None  # OpenAI's legacy insert / Ollama's: the text after the completion (fill-in-the-middle)
+    echo: Literal[False] = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # legacy: alternatives per token
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], str) and len(value) != 1:
+            raise ValueError("only one prompt per request (n=1, no batches)")
+        if not value:
+            raise ValueError("prompt is empty")
+        return value
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallMessage(Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+
+
+class FunctionSpec(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatCompletionRequest(_GenerationFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True

@@ -1,0 +1,264 @@
+"""A generating request as a pool job, and its items back to the HTTP side (every dialect's routes use this).
+
+``Prepared`` is a validated request: the prompt's token ids and its ``GenerationOptions`` (checked by the
+decoder's own ``validate`` before the job is queued, so a refusal is a 400, not a broken stream). The job a
+worker runs (``stream_work``) yields ``Piece``s (text, with the logprobs and token sources committed since the
+previous piece) and ends with a ``Done`` (the request's statistics, the finish reason). ``Engine`` queues a job
+on the worker whose KV cache holds the most of its prompt, waits for its first item, and gives its items back
+as one answer (``collect``) or as a stream (``events``); a client that goes away cancels the job. Boundary:
+decoder options and pool jobs in, items out; no wire shapes here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import logging
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from specdec.decoding.options import GenerationOptions
+from specdec.decoding.request import GenerationStats
+from specdec.serving.metrics import Metrics
+from specdec.serving.pool import END, DecoderPool, JobCancelled, PoolBusy, PoolClosed
+from specdec.serving.wire import DRAFT_ROOM, APIError, ClientGone, option_error
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+@dataclass
+class Prepared:
+    """A validated request: the prompt's token ids and the decoder options."""
+    prompt_ids: list
+    options: GenerationOptions
+    time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
+    sources: bool = False  # pieces carry which proposer each token came from (``Piece.spans``)
+
+
+@dataclass
+class Piece:
+    """A text piece, with what the tokens committed since the previous piece carry: their logprobs (with
+    ``logprobs``) and, with ``Prepared.sources``, the piece's text split by the source of its tokens."""
+    text: str
+    logprobs: list | None = None
+    spans: list | None = None  # [(text, source)], concatenating to ``text``; source: "draft" | "suffix" | ... | "target"
+
+
+@dataclass
+class Done:
+    """The last item of a job: the request's statistics and the decoder's finish reason."""
+    stats: GenerationStats
+    queue_seconds: float
+    finish: str = "length"  # the decoder's reason: "eos" | "stop" | "length"; or "time" (the time limit)
+    last_token: int | None = None
+    logprobs: list | None = None  # with logprobs: the entries no Piece carried (the end token's excluded)
+    output_ids: list = field(default_factory=list)  # every token generated (the end token included)
+
+
+def piece_text(item) -> str:
+    return item.text if isinstance(item, Piece) else item
+
+
+class SourceSpans:
+    """Splits emitted text by the proposer of the tokens it came from. Each token's text is its UTF-8 bytes
+    decoded incrementally (a character split across tokens belongs to the token that completes it); the
+    emitted text is a prefix of their concatenation, so a piece is cut where the tokens' texts end."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars: list = []  # [(text, source)] per token decoded so far
+        self.index = 0  # the first token whose text is not all given out yet
+        self.start = 0  # where that token's text starts, in characters of the whole output
+        self.offset = 0  # characters given out so far
+
+    def split(self, text: str, token_ids: list, sources: list) -> list:
+        while len(self.chars) < len(token_ids):
+            token = token_ids[len(self.chars)]
+            data = self.codec.piece_bytes(token) if hasattr(self.codec, "piece_bytes") else \
+                self.codec.decode([token]).encode()
+            self.chars.append((self.decoder.decode(data), sources[len(self.chars)]))
+        spans, end = [], self.offset + len(text)
+        while self.index < len(self.chars) and self.offset < end:
+            chunk, source = self.chars[self.index]
+            stop = self.start + len(chunk)
+            piece = text[self.offset - (end - len(text)) : min(stop, end) - (end - len(text))]
+            if piece:
+                if spans and spans[-1][1] == source:
+                    spans[-1] = (spans[-1][0] + piece, source)
+                else:
+                    spans.append((piece, source))
+                self.offset += len(piece)
+            if stop <= end:
+                self.index, self.start = self.index + 1, stop
+            else:
+                break
+        if self.offset < end:  # text the tokens' own texts do not hold (a tokenizer's decode rule): the target's
+            spans.append((text[len(text) - (end - self.offset):], "target"))
+            self.offset = end
+        return spans
+
+
+def stream_work(prepared: Prepared, codec):
+    """The job a worker runs: the decoder's stream as ``Piece``s, then the request's ``Done``."""
+
+    def run(decoder):
+        stats = GenerationStats()
+        options = prepared.options
+        stream = decoder.stream(prepared.prompt_ids, options, stats=stats)
+        finish, first_piece, newline = None, None, False
+        with_logprobs = options.logprobs is not None
+        spans = SourceSpans(codec) if prepared.sources else None
+        sent = 0
+
+        def answer_logprobs() -> list:
+            """The logprobs so far, without a final end-of-turn token (not part of the answer)."""
+            entries, ids = stream.logprobs, stream.token_ids
+            ends = set(decoder.eos_ids) | set(options.stop_token_ids)
+            if stream.finish_reason in ("eos", "stop") and ids and ids[-1] in ends:
+                entries = entries[:-1]
+            return entries
+
+        try:
+            for text in stream:
+                piece = Piece(text)
+                if with_logprobs:
+                    entries = answer_logprobs()
+                    piece.logprobs, sent = entries[sent:], len(entries)
+                if spans is not None:
+                    piece.spans = spans.split(text, stream.token_ids, stream.sources)
+                yield piece  # closing this job closes the stream (finally): the request stops between rounds
+                if prepared.time_limit:  # llama.cpp's t_max_predict_ms: past the limit, end at a newline
+                    first_piece = first_piece or time.monotonic()
+                    newline = newline or "\n" in text
+                    if newline and time.monotonic() - first_piece >= prepared.time_limit:
+                        finish = "time"
+                        break
+        finally:
+            stream.close()
+        ids = list(stream.token_ids)
+        rest = answer_logprobs()[sent:] if with_logprobs else None
+        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids)
+
+    return run
+
+
+class Engine:
+    """What every generating route shares: validation through the decoder, the pool, the items back."""
+
+    def __init__(self, pool: DecoderPool, options, metrics: Metrics):
+        self.pool, self.options, self.metrics = pool, options, metrics
+        self.decoder = pool.decoder
+
+    @property
+    def codec(self):
+        return self.decoder.codec
+
+    def open_budget(self, prompt_ids: list) -> int:
+        """The token budget of a request that leaves it to the server: what the context holds after the prompt."""
+        return max(1, self.decoder.max_context - len(prompt_ids) - 1 - DRAFT_ROOM)
+
+    def prepare(self, prompt_ids: list, options: GenerationOptions, names: dict, budget_given: bool = True,
+                sources: bool = False, prompt_field: str | None = None) -> Prepared:
+        """The decoder's own checks (``make_request``) on these options; a refusal is a 400 naming the field."""
+        try:
+            self.decoder.validate(prompt_ids, options)
+        except ValueError as exc:
+            raise option_error(exc, names, budget_given, prompt_field) from None
+        return Prepared(list(prompt_ids), options, sources=sources)
+
+    async def start(self, prepared: Prepared, request: Request, names: dict):
+        """Queue the job on the worker whose cache shares the most of its prompt, and wait for its first item
+        (so bad requests still get a 400, not a broken stream)."""
+        retry = self.options.retry_after
+        try:
+            job = self.pool.submit(stream_work(prepared, self.codec), prompt_ids=prepared.prompt_ids)
+        except PoolBusy as exc:
+            raise APIError(429, f"server busy: {exc}; retry later", code="queue_full", kind="rate_limit_error",
+                           retry_after=retry) from None
+        except PoolClosed as exc:
+            raise APIError(503, str(exc), code="shutting_down", kind="server_error", retry_after=retry) from None
+        try:
+            first = await self.next_item(job, request, [time.monotonic()])
+        except JobCancelled:
+            raise APIError(503, "the server is shutting down: request cancelled", code="shutting_down",
+                           kind="server_error", retry_after=retry) from None
+        except ValueError as exc:  # the decoder's checks, made again by its stream (validated before: rare)
+            raise option_error(exc, names) from None
+        except BaseException:
+            job.cancel()
+            raise
+        return job, first
+
+    async def next_item(self, job, request: Request, checked: list):
+        """The job's next item; a client gone meanwhile cancels the job (checked at most every poll period,
+        whether items flow or not; ``checked`` holds the time of the last check)."""
+        getter = asyncio.ensure_future(job.get())
+        try:
+            while True:
+                wait = max(0.0, checked[0] + DISCONNECT_POLL_SECONDS - time.monotonic())
+                done, _ = await asyncio.wait({getter}, timeout=wait)
+                if done and time.monotonic() < checked[0] + DISCONNECT_POLL_SECONDS:
+                    return getter.result()
+                checked[0] = time.monotonic()
+                if await request.is_disconnected():
+                    job.cancel()
+                    self.metrics.disconnects += 1
+                    raise ClientGone()
+                if done:
+                    return getter.result()
+        finally:
+            if not getter.done():
+                getter.cancel()
+
+    async def collect(self, job, first, request: Request) -> tuple[str, Done, list]:
+        """(every text piece of the job joined, its ``Done``, the pieces' source spans joined)."""
+        pieces, item, checked, done, logprobs, spans = [], first, [time.monotonic()], None, [], []
+        while item is not END:
+            if isinstance(item, Done):
+                done = item
+            else:
+                pieces.append(piece_text(item))
+                if isinstance(item, Piece):
+                    logprobs.extend(item.logprobs or ())
+                    spans.extend(item.spans or ())
+            item = await self.next_item(job, request, checked)
+        if done is not None and done.logprobs is not None:
+            done.logprobs = logprobs + done.logprobs  # the whole answer's, for a one-shot response
+        return "".join(pieces), self.finished(done, job), spans
+
+    def finished(self, done: Done, job) -> Done:
+        done.queue_seconds = (job.started or job.submitted) - job.submitted
+        self.metrics.add(done.stats)
+        return done
+
+    async def events(self, job, first, piece_lines, last_lines, error_lines):
+        """Stream lines: ``piece_lines(piece)`` per piece, then ``last_lines(done)``; a failure after the stream
+        started becomes ``error_lines(message, code)`` (in-band, as every dialect reports it).
+
+        The last lines wait for the job's END, which the pool sends once the worker is free: a client that sends
+        its next turn on the stream's end is then routed to the worker holding its cache."""
+        item, last = first, []
+        try:
+            while item is not END:
+                if isinstance(item, Done):
+                    last = list(last_lines(self.finished(item, job)))
+                else:
+                    for line in piece_lines(item if isinstance(item, Piece) else Piece(item)):
+                        yield line
+                item = await job.get()
+            for line in last:
+                yield line
+        except JobCancelled:
+            for line in error_lines("the server is shutting down: generation cancelled", "shutting_down"):
+                yield line
+        except Exception as exc:  # the stream has started: report in-band
+            log.exception("generation failed mid-stream")
+            for line in error_lines(f"generation failed: {exc}", None):
+                yield line
+        finally:
+            job.cancel()  # no-op when finished; frees the worker when the client went away mid-stream

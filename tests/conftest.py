@@ -188,38 +188,39 @@ def chat_bundle(tiny_bundle, tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- the fast loop
-# Anything that exports a model, builds tiny torch models, starts a server, a subprocess or Ray is an
-# integration test, marked here automatically: by the fixtures it uses (every exporting fixture is one
-# of these) and by what its body calls. ``python -m pytest -m "not integration"`` is the fast loop.
+# An integration test exports a model, builds tiny torch models, starts a server, a subprocess or Ray. It says so
+# itself (``@pytest.mark.integration``, or ``pytestmark`` for a whole module), or uses one of the fixtures below,
+# which carry the mark to every test that needs them (directly or through another fixture).
+# ``python -m pytest -m "not integration"`` is the fast loop.
 INTEGRATION_FIXTURES = {"tiny_pair_dirs", "tiny_bundle", "tiny_standard_bundle", "tiny_decoder", "chat_bundle",
                         "long_decoder_bundle_free_runner", "bundle_per_form", "quantized_pair_bundle", "real_pair"}
-INTEGRATION_CALLS = ("export_bundle", "build_tiny_model", "subprocess.", "run_cli(", "specdec-export", "ray.",
-                     "uvicorn", "prune_bundle", "export_model")
-
-
-def _calls_integration(function) -> bool:
-    import inspect
-
-    try:
-        source = inspect.getsource(function)
-    except (OSError, TypeError):
-        return False
-    return any(call in source for call in INTEGRATION_CALLS)
-
-
-def _is_integration(item) -> bool:
-    """The test's body, or any fixture it uses (transitively), exports, spawns or serves."""
-    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())) or _calls_integration(item.function):
-        return True
-    info = getattr(item, "_fixtureinfo", None)
-    for definitions in (info.name2fixturedefs.values() if info else ()):
-        if any(_calls_integration(definition.func) for definition in definitions):
-            return True
-    return False
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         slow = item.get_closest_marker("slow") or item.get_closest_marker("gpu")  # so `-m "not integration"` skips them too
-        if slow or _is_integration(item):
+        if slow or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_interpreter(request, monkeypatch):
+    """A test not marked integration may not start a Python interpreter or a server (a `specdec` command, a
+    llama.cpp binary): the fast loop stays fast, and a test that needs one is told to say so (mark it, or use an
+    integration fixture). Quick tools (git) stay allowed."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+    import subprocess
+
+    popen = subprocess.Popen
+
+    class Guarded(popen):
+        def __init__(self, args, *rest, **kwargs):
+            program = str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])
+            if program == sys.executable or "python" in Path(program).name or "specdec" in program or \
+                    "llama-" in Path(program).name:
+                raise RuntimeError(f"{request.node.nodeid} starts {Path(program).name} but is not marked "
+                                   "integration: add @pytest.mark.integration")
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)

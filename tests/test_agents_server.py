@@ -70,6 +70,7 @@ def _check_call(call, tools):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}], ids=str)
+@pytest.mark.integration
 def test_tool_call_round_trip(client, choice):
     tools = [WEATHER, TIME]
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice=choice,
@@ -88,6 +89,7 @@ def test_tool_call_round_trip(client, choice):
     assert final.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result were rendered back
 
 
+@pytest.mark.integration
 def test_streamed_tool_call_equals_the_one_shot_call(client):
     kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=120, temperature=0)
     whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
@@ -110,6 +112,7 @@ def test_streamed_tool_call_equals_the_one_shot_call(client):
 @pytest.mark.parametrize("proposal", [dict(num_draft_tokens=0), dict(num_draft_tokens=3, proposer="draft"),
                                       dict(proposer="lookup"), dict(proposer="suffix"), dict(tree="2,2,1")],
                          ids=str)
+@pytest.mark.integration
 def test_json_schema_response_is_valid_and_the_same_under_speculation(client, proposal):
     response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     answer = client.chat.completions.create(model=MODEL, messages=ASK, response_format=response_format,
@@ -126,6 +129,7 @@ def test_json_schema_response_is_valid_and_the_same_under_speculation(client, pr
     assert "".join(t.token for t in answer.choices[0].logprobs.content) == text
 
 
+@pytest.mark.integration
 def test_json_object_grammar_and_completion_logprobs(client):
     obj = client.chat.completions.create(model=MODEL, messages=ASK, response_format={"type": "json_object"},
                                          max_tokens=60, temperature=0.8, seed=3)
@@ -149,6 +153,7 @@ def test_json_object_grammar_and_completion_logprobs(client):
     (dict(top_logprobs=3), "top_logprobs"),
     (dict(response_format={"type": "json_object"}, extra_body={"grammar": 'root ::= "a"'}), "grammar"),
 ])
+@pytest.mark.integration
 def test_bad_specs_are_400_naming_the_field(client, body, field):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, **body)

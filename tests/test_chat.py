@@ -30,6 +30,7 @@ def test_bundle_carries_the_template(chat_bundle):
     assert (chat_bundle / "tokenizer" / "chat_template.jinja").read_text() == TINY_CHAT_TEMPLATE
 
 
+@pytest.mark.integration
 def test_save_tokenizer_writes_the_template_or_reports_none(tmp_path):
     """save_tokenizer (export_bundle's tokenizer step) writes the template file, even when the tokenizer's own
     writer does not, and reports a source without one."""

@@ -21,6 +21,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "specdec.export.cli", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.integration
 def test_missing_folder_is_one_clear_line(tmp_path):
     proc = run_cli("--target", tmp_path / "missing", "--out", tmp_path / "b")
     assert proc.returncode == 2
@@ -196,7 +197,7 @@ def test_what_may_be_replaced(tiny_bundle, tmp_path):
 
 
 def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc = subprocess.Popen(["true"])  # a process that has exited: its pid is dead
     proc.wait()
     return proc.pid
 

@@ -311,6 +311,7 @@ def _tied_model(folder):
 
 
 @pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.integration
 def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
     """int4: every MatMul (lm_head too) is MatMulNBits; the embedding is GatherBlockQuantized, sharing the
     lm_head's int4 weights when tied, and dequantizes to the float table within one quantization step."""
@@ -359,6 +360,7 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
         assert (np.abs(rows - table) <= np.abs(np.repeat(scales, block, axis=1))[:, :hidden] + 1e-6).all()
 
 
+@pytest.mark.integration
 def test_tie_embeddings_stores_one_int4_table_for_an_untied_model(tmp_path):
     """--tie-embeddings on a model with two tables: the embedding reads the lm_head's int4 weights (stored once),
     the manifest says so, the bundle is smaller, and parity is against the tied model."""

@@ -28,6 +28,7 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.integration
 def test_ten_thousand_tokens_in_one_request(long_decoder):
     long_decoder.eos_ids = frozenset()  # run the full length
     result = long_decoder.generate("def f(x):", max_new_tokens=10_000, num_draft_tokens=4)
@@ -41,6 +42,7 @@ def test_ten_thousand_tokens_in_one_request(long_decoder):
 RSS_GROWTH_BOUND = 16 * 1024 * 1024  # bytes over 950 requests, after warm-up
 
 
+@pytest.mark.integration
 def test_thousand_requests_without_memory_growth_or_length_drift(long_decoder):
     prompts = ["def f(x):", "class A:", "import os\n", "x = [1, 2, 3]"]
     for i in range(50):  # warm-up: allocator pools, caches of the tokenizer and onnxruntime
@@ -55,6 +57,7 @@ def test_thousand_requests_without_memory_growth_or_length_drift(long_decoder):
     assert _rss_bytes() - before < RSS_GROWTH_BOUND
 
 
+@pytest.mark.integration
 def test_concurrent_use_of_one_decoder_is_refused_clearly(long_decoder):
     errors, started = [], threading.Event()
 

@@ -106,6 +106,7 @@ def pruned_bundle(request, corpus_dir, tmp_path_factory):
     return out, manifest, source
 
 
+@pytest.mark.integration
 def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle):
     """The manifest names the subset file, hashes it, declares logits of width K and refuses nothing at load."""
     from specdec.contract.bundle import open_bundle
@@ -118,6 +119,7 @@ def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle):
     assert manifest.extra["draft_vocab"]["max_abs_error_on_kept_logits"] < 1e-5
 
 
+@pytest.mark.integration
 def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle):
     """Same inputs through the runtime's runner for the form, a 5-token pass after a 3-token past: the pruned
     draft's logits == the full draft's on the kept ids (float32 bundle, exact up to rounding), -inf elsewhere."""
@@ -148,6 +150,7 @@ def _load_with_pruned_draft(bundle):
     return decoder, kept
 
 
+@pytest.mark.integration
 def test_greedy_speculation_with_a_pruned_draft_equals_target_only(pruned_bundle):
     """The draft can propose only kept ids, yet greedy output == target-only for every g (the target decides)."""
     out, _, _ = pruned_bundle
@@ -159,6 +162,7 @@ def test_greedy_speculation_with_a_pruned_draft_equals_target_only(pruned_bundle
             assert result.token_ids == baseline.token_ids, (prompt, gamma)
 
 
+@pytest.mark.integration
 def test_sampling_with_a_pruned_draft_runs_and_is_reproducible(pruned_bundle):
     """Sampled speculation with q = 0 off the subset: proposals are made and tested, same seed -> same tokens."""
     out, _, _ = pruned_bundle

@@ -1,7 +1,7 @@
 """Test doubles for the two native NVIDIA modules specdec imports: cuda-python's ``cudart`` and ``tensorrt``.
 
-Scope: exactly the calls specdec makes (runtime/cuda_memory.py, runtime/kv_store.py,
-engines/tensorrt_build.py, engines/tensorrt_runner.py), so the REAL runner, device cache and
+Scope: exactly the calls specdec makes (runners/cuda_memory.py, runners/kv_store.py,
+runners/tensorrt/build.py, runners/tensorrt/runner.py), so the REAL runner, device cache and
 engine builder run on a CPU. What a GPU and TensorRT would enforce is checked here and raised as
 ``ContractViolation``:
   device memory    every copy and every bound tensor lies inside one live allocation; copies

@@ -1,58 +1,9 @@
 """The exported I/O contract: one frozen dataclass tree, written to ``manifest.json``.
 
-The exporter writes it; the runtime binds only from it (names, dtypes, ranks, sizes).
-Nothing here imports torch: the runtime reads manifests on edge devices.
-
-Graph contract of every exported model (one graph per model, T new tokens, P past slots):
-
-| name                              | dir | dtype          | shape                                |
-|-----------------------------------|-----|----------------|--------------------------------------|
-| input_ids                         | in  | int64          | [batch, new_tokens]                  |
-| position_ids                      | in  | int64          | [batch, new_tokens]                  |
-| attention_mask                    | in  | bool           | [batch, new_tokens, past + new]      |
-| sliding_attention_mask (optional) | in  | bool           | [batch, new_tokens, past + new]      |
-| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, past, kv_heads, head_dim]    |
-| logits                            | out | float32        | [batch, new_tokens, vocab]           |
-| new.{i}.key / new.{i}.value       | out | kv dtype       | [batch, new_tokens, kv_heads, head_dim] |
-
-``attention_mask[b, t, j]`` is True where new token t may attend to slot j (the past slots
-first, then the T new tokens): it expresses any tree among the new tokens and which past
-slots are valid. ``sliding_attention_mask`` is the same with the model's sliding window
-applied; only models with sliding-window layers have it. The KV layout is sequence-major
-so that ``cache[:, :P]`` and ``cache[:, P:P+T]`` are contiguous views for batch 1: the
-runtime binds the past in place and lets the graph write the new rows straight into the
-cache.
-
-Fused form (``ModelSpec.graph == "fused"``, onnxruntime only; ``kv_layout == "shared-bnsh"``):
-attention is onnxruntime's ``com.microsoft.GroupQueryAttention`` (rotary inside), reading and
-writing one preallocated cache per layer in place; the past is never concatenated.
-
-| name                              | dir | dtype          | shape                                |
-|-----------------------------------|-----|----------------|--------------------------------------|
-| input_ids                         | in  | int64          | [batch, new_tokens]                  |
-| position_ids                      | in  | int64          | [batch, new_tokens]                  |
-| attention_bias                    | in  | float32        | [batch, 1, new_tokens, total_tokens] |
-| sliding_attention_bias (optional) | in  | float32        | [batch, 1, new_tokens, total_tokens] |
-| seqlens_k                         | in  | int32          | [batch]  (= total_tokens - 1)        |
-| total_sequence_length             | in  | int32          | []       (= past + new)              |
-| logit_rows (optional)             | in  | int64          | [logit_rows]                         |
-| past.{i}.key / past.{i}.value     | in  | kv dtype       | [batch, kv_heads, slots, head_dim]   |
-| logits                            | out | float32        | [batch, logit_rows, vocab]           |
-| present.{i}.key / present.{i}.value | out | kv dtype     | [batch, kv_heads, slots, head_dim]   |
-
-``past.{i}.*`` and ``present.{i}.*`` are bound to the same buffer of ``slots = max_context +
-attention_scratch_rows``: slots [0, past) are read, the T new rows are written at slots
-[past, past + T) and the scratch rows after them (see ``ModelSpec.attention_scratch_rows``:
-inside the graph GroupQueryAttention runs T + 1 rows, the last a copy of row T - 1 that no
-real row sees, because onnxruntime's one-row kernel rounds differently from its multi-row
-one); nothing else is touched. The bias is
-0 where the boolean mask above is True and the float32 minimum elsewhere (a tree, hidden
-past slots, the sliding window); GroupQueryAttention also applies its own causal mask by
-slot, which every tree satisfies (parents come before children). ``logit_rows`` (fused graphs
-exported since 2026-12-01) names the new rows whose logits are computed, in order: all of them
-(0 .. T-1) for a verify pass, only the last for a prefill chunk, whose other rows' logits nobody
-reads (the lm_head is about a sixth of a 1.5B model's multiply-adds per row). Without it, logits
-has one row per new token.
+The exporter writes it; the runtime binds only from it (names, dtypes, ranks, sizes). The graphs' inputs and
+outputs in both forms (standard: the past in, the new rows out; fused: one KV buffer per layer read and written in
+place by GroupQueryAttention) are tabled in docs/bundle.md ("I/O contract"). Nothing here imports torch: the
+runtime reads manifests on edge devices.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class ExportOptions:
     tie_embeddings: bool = False
     # how int4 weights are chosen (quantize.py: method "rtn" | "rtn-asym" | "k-quant", lm_head bits 4 | 8)
     # "auto": gguf-int4 for a model loaded from a .gguf file with --quant int4 (the GGUF's Q4_K blocks kept as they
-    # are, measured in benchmarks/results/2026-12-01-gguf-carry-int4), rtn otherwise
+    # are; measured: docs/bundle.md, "int4 weights"), rtn otherwise
     quant_method: str = "auto"
     lm_head_bits: int = QuantRecipe.lm_head_bits
     # the draft's method when it differs (None: quant_method, "auto" judged by the draft's own source)

@@ -12,8 +12,8 @@ With ``int4`` the token embedding is quantized too (``com.microsoft.GatherBlockQ
 same 4-bit blocks): a tied embedding reads the lm_head's MatMulNBits weights themselves, so
 the table is stored once, in int4, instead of once in float32 beside the int4 lm_head.
 
-How the int4 weights are chosen (``QuantRecipe``, measured on the Qwen2.5-Coder pair in
-benchmarks/results/2026-12-01-quality-int4/):
+How the int4 weights are chosen (``QuantRecipe``; each measured on the Qwen2.5-Coder pair: docs/bundle.md,
+"int4 weights"):
 
 - ``method``: ``rtn`` = onnxruntime's symmetric round-to-nearest (scale = max|w| / 7, zero point 8);
   ``rtn-asym`` = its min/max round-to-nearest with a 4-bit zero point per block; ``k-quant`` = llama.cpp's

@@ -28,7 +28,7 @@ _BLOCKED = np.finfo(np.float32).min
 def make_runner(onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
                 threads: int | None = None, kept_ids=None):
     """The runner for ``spec``'s graph form: FusedRunner for "fused", ModelRunner for "standard".
-    ``kept_ids``: a pruned draft's vocabulary (runtime/vocab_map.py)."""
+    ``kept_ids``: a pruned draft's vocabulary (runners/vocab_map.py)."""
     runner = FusedRunner if spec.graph == "fused" else ModelRunner
     return runner(onnx_path, spec, provider, max_context, max_step_tokens, threads, kept_ids=kept_ids)
 

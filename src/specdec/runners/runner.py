@@ -42,7 +42,7 @@ class Runner:
     max_step_tokens: int
 
     def _init_book(self, spec: ModelSpec, max_context: int, max_step_tokens: int, kept_ids=None) -> None:
-        """``kept_ids``: [K] ascending ids a pruned-vocabulary graph scores (runtime/vocab_map.py); the runner
+        """``kept_ids``: [K] ascending ids a pruned-vocabulary graph scores (runners/vocab_map.py); the runner
         returns full-vocabulary logits with -inf elsewhere, so every caller sees [T, vocab_size]."""
         self.spec = spec
         self.kept_ids = kept_ids

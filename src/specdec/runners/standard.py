@@ -6,7 +6,7 @@ A forward pass over T new tokens binds ``cache[l, :, :, :length]`` as the past (
 place) and ``cache[l, :, :, length:length+T]`` as the output for the new rows, so the
 graph writes them straight into the cache: nothing is concatenated or copied on the host.
 The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared
-``Runner`` base (runtime/runner.py); this module binds and runs.
+``Runner`` base (runners/runner.py); this module binds and runs.
 """
 
 from __future__ import annotations

@@ -463,3 +463,11 @@ def test_serve_cache_ram_reaches_the_decoder(fim_bundle, monkeypatch):
         pool.close(grace=1)
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", str(fim_bundle), "--cache-ram", "lots"])
+
+
+def test_props_says_what_the_server_holds(served):
+    """GET /props: llama-server's fields a client sizes prompts with, and specdec's caches and proposers."""
+    props = httpx.get(f"{served}/props", timeout=10).json()
+    assert props["default_generation_settings"]["n_ctx"] > 0 and props["total_slots"] == 2
+    assert props["model_alias"] == MODEL and "hybrid" in props["specdec"]["proposers"]
+    assert props["specdec"]["kv_dtype"]["target"] in ("float32", "float16")

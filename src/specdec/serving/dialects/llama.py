@@ -139,5 +139,42 @@ class Infill:
         return answer(text, done)
 
 
+class Props:
+    """``GET /props``: llama-server's server properties (``default_generation_settings.n_ctx``, ``total_slots``,
+    ``model_alias``, ``chat_template`` ...) and specdec's own (``specdec``: the KV caches, the RAM prompt cache, the
+    proposers, whether the bundle has a draft)."""
+
+    def __init__(self, engine: Engine, server):
+        self.engine, self.server = engine, server
+
+    async def get(self):
+        from specdec.decoding.chat import ChatTemplateError, chat_template_of
+        from specdec.decoding.proposers import proposer_names
+
+        decoder, pool = self.engine.decoder, self.engine.pool
+        try:
+            template = chat_template_of(decoder).source
+        except ChatTemplateError:
+            template = ""
+        manifest = decoder.manifest
+        cache = decoder.prompt_cache
+        return {
+            "default_generation_settings": {"n_ctx": decoder.max_context, "params": {}},
+            "total_slots": pool.options.workers, "model_alias": self.server.model_name,
+            "model_path": str(decoder.bundle_dir.name), "chat_template": template,
+            "modalities": {"vision": False, "audio": False},
+            "specdec": {
+                "max_context": decoder.max_context, "workers": pool.options.workers,
+                "has_draft": decoder.draft is not None, "proposers": list(proposer_names()),
+                "kv_dtype": {role: spec.kv_dtype for role, spec in manifest.models().items()},
+                "quant": {role: spec.quant for role, spec in manifest.models().items()},
+                "prompt_cache_mib": round(cache.capacity / 2**20, 1) if cache is not None else 0,
+                "suffix_cache_mib": round(decoder.suffix_cache.max_tokens * 4 / 2**20, 1)
+                if decoder.suffix_cache is not None else 0,
+            },
+        }
+
+
 def mount(app, engine: Engine, server) -> None:
     app.add_api_route("/infill", Infill(engine, server).create, methods=["POST"])
+    app.add_api_route("/props", Props(engine, server).get, methods=["GET"])

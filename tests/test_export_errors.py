@@ -54,7 +54,7 @@ def test_mismatched_tokenizers_are_refused_naming_the_difference(tiny_pair_dirs,
     data = json.loads(tok.to_str())
     data["model"]["vocab"] = {("Z" if k == "A" else "A" if k == "Z" else k): v for k, v in vocab.items()}
     (draft / "tokenizer.json").write_text(json.dumps(data))
-    with pytest.raises(IncompatiblePair, match="tokenizers differ at tokenizer.model.vocab"):
+    with pytest.raises(IncompatiblePair, match=f"tokenizers differ: token id {vocab['A']}: 'A' in the target, 'Z' in"):
         export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "out"), progress=lambda m: None)
     assert not (tmp_path / "out").exists()
 
@@ -317,10 +317,11 @@ def test_export_workers_draw_no_third_party_progress_bars(capfd, monkeypatch):
 def test_vocabulary_mismatch_is_found_before_any_export(tiny_pair_dirs, tmp_path):
     draft = _copy_model(tiny_pair_dirs[1], tmp_path / "draft")
     config = json.loads((draft / "config.json").read_text())
-    config["vocab_size"] = 130
+    config["vocab_size"] = 100  # fewer rows than the tokenizer has tokens: ids 100..127 have no logits
     (draft / "config.json").write_text(json.dumps(config))
     messages = []
-    with pytest.raises(IncompatiblePair, match="vocabularies differ: the target config has vocab_size 128, the draft 130"):
+    with pytest.raises(IncompatiblePair, match=r"vocabularies differ: the target scores 128 tokens \(vocab_size 128\), "
+                                                r"the draft 100"):
         export_bundle(ExportOptions(target=str(tiny_pair_dirs[0]), draft=str(draft), out=tmp_path / "out"),
                       progress=messages.append)
     assert messages == ["loading tokenizers"]  # no model was loaded or exported

@@ -86,6 +86,10 @@ class ExportOptions:
     lm_head_bits: int = QuantRecipe.lm_head_bits
     # the draft's method when it differs (None: quant_method, "auto" judged by the draft's own source)
     draft_quant_method: str | None = None
+    # "streamed" builds the fused graph layer by layer from the weights read one tensor at a time (peak memory about
+    # one layer: export/streamed.py); "traced" traces the whole float model with torch.onnx (every architecture and
+    # both graph forms, about twice the float32 weights in memory); "auto": streamed wherever it applies
+    exporter: str = "auto"
 
     def __post_init__(self):
         if self.quant_method == "auto" and self.draft_quant_method is None:
@@ -95,6 +99,8 @@ class ExportOptions:
                 object.__setattr__(self, name, auto_quant_method(source, self.quant))
         if self.graph not in ("auto", "fused", "standard"):
             raise ValueError(f"--graph {self.graph!r} is not one of auto, fused, standard")
+        if self.exporter not in EXPORTERS:
+            raise ValueError(f"--exporter {self.exporter!r} is not one of {', '.join(EXPORTERS)}")
         fused_ok = self.dtype == "float32" and self.quant != "int4-qdq"
         if self.graph == "fused" and not fused_ok:
             raise ValueError("--graph fused needs --dtype float32 and a --quant other than int4-qdq "
@@ -122,6 +128,28 @@ class ExportOptions:
     def block_size_for(self, role: str) -> int:
         return self.draft_block_size if role == "draft" else self.block_size
 
+    def streamed_refusal(self, role: str, model_type: str) -> str | None:
+        """Why this model cannot take the streamed exporter (None: it can)."""
+        from specdec.export.streamed import STREAMED_ARCHITECTURES
+        from specdec.export.weight_plan import STREAMED_METHODS
+
+        if self.graph != "fused" or self.dtype != "float32":
+            return f"the {self.graph} graph form in {self.dtype} is the traced exporter's"
+        if self.quant not in ("none", "int4", "int8"):
+            return f"--quant {self.quant} is the traced exporter's"
+        if self.quant == "int4" and self.recipe_for(role).method not in STREAMED_METHODS:
+            return f"--quant-method {self.recipe_for(role).method} is the traced exporter's"
+        if model_type not in STREAMED_ARCHITECTURES:
+            return f"architecture {model_type!r} is the traced exporter's (streamed: {', '.join(STREAMED_ARCHITECTURES)})"
+        return None
+
+    def weight_plan(self, role: str):
+        from specdec.export.weight_plan import WeightPlan
+
+        recipe = self.recipe_for(role)
+        return WeightPlan(self.quant, recipe.method, self.block_size_for(role), recipe.lm_head_bits,
+                          self.accuracy_level)
+
     @property
     def recipe(self) -> QuantRecipe:
         return QuantRecipe(self.quant_method, self.lm_head_bits)
@@ -130,6 +158,9 @@ class ExportOptions:
         if role == "draft" and self.draft_quant_method is not None:
             return QuantRecipe(self.draft_quant_method, self.lm_head_bits)
         return self.recipe
+
+
+EXPORTERS = ("auto", "streamed", "traced")
 
 
 def auto_quant_method(source: str | None, quant: str) -> str:
@@ -269,9 +300,44 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
     return spec, parity, references, prompt, extra, float_dir
 
 
+def _export_streamed(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    """The streamed exporter in a worker process (export/streamed.py): (spec, parity, weight report)."""
+    from specdec.export.streamed import export_streamed
+
+    parity_ids = None
+    if options.parity:
+        parity_ids = (_encode(tokenizer, PARITY_PROMPT), (_encode(tokenizer, PARITY_EXTRA) * 5)[:5])
+    plan = options.weight_plan(role)
+    what = f"{options.quant}, {plan.method}" if options.quant == "int4" else options.quant
+    progress(f"{role}: streamed export of {source.label} ({what})")
+    try:
+        spec, parity, report = export_streamed(role, source, tokenizer, plan, staging / role, progress, parity_ids,
+                                               tie_embeddings=options.tie_embeddings)
+        return spec, parity, {"exporter": "streamed", **report}
+    except OSError as exc:
+        raise ExportError(f"{role}: {_write_failure(exc, staging / role)}") from None
+
+
 def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
-    """Export one model: the float graph in a worker process, then (after it has exited) quantization.
-    Returns (spec, parity reports, what the quantization recipe reports)."""
+    """Export one model: streamed where it applies (``ExportOptions.exporter``), else the float graph traced in a
+    worker process, then (after it has exited) quantization. Returns (spec, parity reports, weight report)."""
+    model_type = _model_type(source)
+    refusal = options.streamed_refusal(role, model_type)
+    if options.exporter == "streamed" and refusal:
+        raise ExportError(f"{role}: --exporter streamed cannot export this model: {refusal}")
+    if options.exporter != "traced" and refusal is None:
+        return run_isolated(_export_streamed, role, source, tokenizer, options, staging, _for_worker(progress))
+    return _export_traced(role, source, tokenizer, options, staging, progress)
+
+
+def _model_type(source: ModelSource) -> str:
+    from specdec.export.graph_model import text_config
+
+    return text_config(load_configs(source)[0]).model_type
+
+
+def _export_traced(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
+    """The traced exporter: the float graph in a worker process, then (after it has exited) quantization."""
     from specdec.export.onnx_export import ONNX_NAME
     from specdec.export.parity import check_parity
 
@@ -295,7 +361,7 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
         if references is not None:
             progress(f"{role}: parity check of the {options.quant} graph (error includes quantization)")
             parity[options.quant] = check_parity(references, staging / role / ONNX_NAME, spec, prompt, extra)
-    return spec, parity, carried
+    return spec, parity, {"exporter": "traced", **carried}
 
 
 def _silent(message: str) -> None:
@@ -382,7 +448,13 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
                    **({"draft_quant_recipe": options.recipe_for("draft").to_dict()}
                       if options.quant == "int4" and draft_source is not None
                       and options.recipe_for("draft") != options.recipe else {}),
-                   **({"quant_carried_from_gguf": carried} if any(carried.values()) else {}),
+                   "exporter": {role: report.get("exporter", "traced") for role, report in carried.items()},
+                   **({"weights_stored": {role: report["stored"] for role, report in carried.items()
+                                          if report.get("stored")}}
+                      if any(report.get("stored") for report in carried.values()) else {}),
+                   **({"quant_carried_from_gguf": {role: {k: v for k, v in report.items() if k != "exporter"}
+                                                   for role, report in carried.items()}}
+                      if any(report.get("carried") for report in carried.values()) else {}),
                    **({"tied_embeddings": "lm_head"} if options.tie_embeddings else {})},
         )
         (staging / MANIFEST_NAME).write_text(manifest.to_json())

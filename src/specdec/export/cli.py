@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "in place (CPU, fastest); standard = portable ONNX (TensorRT's input); auto (default) = "
                              "fused for float32 bundles with --quant none/int4/int8, standard for float16/bfloat16 "
                              "and int4-qdq (TensorRT's forms)")
+    parser.add_argument("--exporter", default="auto", choices=["auto", "streamed", "traced"],
+                        help="streamed = the fused graph built layer by layer from weights read one tensor at a "
+                             "time (peak memory about one layer; Llama, Qwen2, Qwen3, Mistral); traced = the whole "
+                             "float model traced by torch.onnx (every architecture and graph form; about twice the "
+                             "float32 weights in memory); auto (default) = streamed wherever it applies")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
     parser.add_argument("--tie-embeddings", action="store_true",
                         help="one table for the embedding and the lm_head (the lm_head's), stored once in int4: for "
@@ -150,7 +155,7 @@ def _main(args) -> int:
         options = ExportOptions(
             target=str(target), draft=str(draft) if draft else None, out=full_out, dtype=args.dtype,
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level, graph=args.graph,
-            tie_embeddings=args.tie_embeddings,
+            tie_embeddings=args.tie_embeddings, exporter=args.exporter,
             **{name: value for name, value in (("block_size", args.block_size),
                                                ("draft_block_size", args.draft_block_size),
                                                ("quant_method", args.quant_method),

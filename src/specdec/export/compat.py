@@ -1,10 +1,16 @@
-"""Draft/target compatibility, checked at export: same vocabulary, identical tokenizer, same special tokens.
+"""Draft/target compatibility, checked at export: the same tokenizer in what it does, the same usable vocabulary,
+the same special tokens.
 
-Speculative acceptance compares the two models' distributions token id by token id, so
-any difference in the vocabulary silently breaks exactness. A mismatch is refused with a
-message that names the first difference found. The tokenizers and the configs (vocabulary
-size, special tokens) are checked before either model is exported (``check_tokenizers``,
-``check_pair_facts``); the exported graphs are checked again afterwards (``check_specs``).
+Speculative acceptance compares the two models' distributions token id by token id, so any difference in the
+vocabulary silently breaks exactness. Tokenizers are compared by what they do, not by the layout of their JSON:
+the vocabulary (every id's token), the added and special tokens, the BPE merges, and the ids and text a probe
+corpus (code, prose, whitespace runs, CJK, emoji, special-token text) encodes to and decodes back to; a GGUF-derived
+tokenizer and a Hugging Face folder's of the same model agree though their JSON differs. The usable vocabulary
+is the tokenizer's: a model whose embedding is padded beyond it (Qwen2.5 7B-32B: 152,064 rows for 151,665
+tokens) pairs with one that is not, and the padded rows are dropped at export (never sampled). A mismatch is
+refused with a message that names the first difference found. The tokenizers and the configs are checked before
+either model is exported (``check_tokenizers``, ``check_pair_facts``); the exported graphs are checked again
+afterwards (``check_specs``).
 """
 
 from __future__ import annotations
@@ -16,35 +22,8 @@ class IncompatiblePair(ValueError):
     pass
 
 
-# Parts of tokenizer.json that decide how text maps to ids and back. The chat template lives
-# elsewhere (tokenizer_config.json), so differing templates are allowed, as for the Qwen pair.
-_TOKENIZER_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder")
-
-
 def tokenizer_json(tokenizer) -> dict:
     return json.loads(tokenizer.backend_tokenizer.to_str())
-
-
-def _first_difference(a, b, path: str) -> str | None:
-    if type(a) is not type(b):
-        return f"{path}: {type(a).__name__} vs {type(b).__name__}"
-    if isinstance(a, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                return f"{path}.{key}: present in only one"
-            found = _first_difference(a[key], b[key], f"{path}.{key}")
-            if found:
-                return found
-        return None
-    if isinstance(a, list):
-        if len(a) != len(b):
-            return f"{path}: {len(a)} vs {len(b)} entries"
-        for index, (x, y) in enumerate(zip(a, b)):
-            found = _first_difference(x, y, f"{path}[{index}]")
-            if found:
-                return found
-        return None
-    return None if a == b else f"{path}: {str(a)[:60]!r} vs {str(b)[:60]!r}"
 
 
 def special_token_ids(model, tokenizer) -> dict:
@@ -69,18 +48,20 @@ def special_token_ids_from(generation_config, config, tokenizer) -> dict:
 
 
 def pair_facts(config, generation_config, tokenizer) -> dict:
-    """What draft and target must agree on, from configs and tokenizer: vocab_size and the special ids."""
+    """What draft and target must agree on, from configs and tokenizer: the usable vocabulary (the table's rows, or
+    the tokenizer's size when the table is padded beyond it), the table's rows, and the special ids."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return {"vocab_size": getattr(text, "vocab_size", None),
-            **special_token_ids_from(generation_config, config, tokenizer)}
+    rows = getattr(text, "vocab_size", None)
+    usable = min(rows, len(tokenizer)) if rows else None
+    return {"vocab_size": usable, "table_rows": rows, **special_token_ids_from(generation_config, config, tokenizer)}
 
 
 def check_pair_facts(target: dict, draft: dict) -> None:
     """Raise IncompatiblePair when ``pair_facts`` of the two models disagree (before any export)."""
     if target["vocab_size"] and draft["vocab_size"] and target["vocab_size"] != draft["vocab_size"]:
         raise IncompatiblePair(
-            f"draft and target vocabularies differ: the target config has vocab_size {target['vocab_size']}, "
-            f"the draft {draft['vocab_size']}"
+            f"draft and target vocabularies differ: the target scores {target['vocab_size']} tokens (vocab_size "
+            f"{target.get('table_rows')}), the draft {draft['vocab_size']} (vocab_size {draft.get('table_rows')})"
         )
     for key in ("bos_token_id", "eos_token_ids", "pad_token_id"):
         if target[key] != draft[key]:
@@ -90,13 +71,75 @@ def check_pair_facts(target: dict, draft: dict) -> None:
             )
 
 
+# What the behaviour check encodes and decodes: code, prose, whitespace runs, digits, CJK, emoji, control and
+# special-token text (the added tokens are probed separately), mixed case, a byte-level fallback character.
+PROBE_TEXTS = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog. It's 3.14159, isn't it? Yes -- 42%!",
+    "\t\t  indented   spaces\n\n\r\n  trailing  ", "1234567890 0x1F 1e-9 3,141,592",
+    "中文字符 日本語のテキスト 한국어 텍스트", "emoji 😀🚀✨ accents àéîõü ß Æ ø",
+    "CamelCase snake_case kebab-case SCREAMING_CASE", "<html><body class=\"x\">&amp;</body></html>",
+    "\u0000\u001f\u007f\ufeff zero-width\u200bjoiner",
+)
+
+
+def _vocabulary_difference(target, draft) -> str | None:
+    target_vocab, draft_vocab = target.get_vocab(), draft.get_vocab()
+    by_id_target = {index: token for token, index in target_vocab.items()}
+    by_id_draft = {index: token for token, index in draft_vocab.items()}
+    for index in sorted(set(by_id_target) | set(by_id_draft)):
+        a, b = by_id_target.get(index), by_id_draft.get(index)
+        if a != b:
+            return f"token id {index}: {a!r} in the target, {b!r} in the draft"
+    return None
+
+
+def _added_difference(target, draft) -> str | None:
+    a, b = target.backend_tokenizer.get_added_tokens_decoder(), draft.backend_tokenizer.get_added_tokens_decoder()
+    for index in sorted(set(a) | set(b)):
+        x, y = a.get(index), b.get(index)
+        if x is None or y is None or x.content != y.content or bool(x.special) != bool(y.special):
+            describe = lambda t: "absent" if t is None else f"{t.content!r}{' (special)' if t.special else ''}"  # noqa: E731
+            return f"added token {index}: {describe(x)} in the target, {describe(y)} in the draft"
+    return None
+
+
+def _merges_difference(target, draft) -> str | None:
+    a = tokenizer_json(target).get("model", {}) or {}
+    b = tokenizer_json(draft).get("model", {}) or {}
+    if a.get("type") != b.get("type"):
+        return f"tokenizer model: {a.get('type')} in the target, {b.get('type')} in the draft"
+    merges_a, merges_b = a.get("merges") or [], b.get("merges") or []
+    norm = lambda merge: merge if isinstance(merge, str) else " ".join(merge)  # noqa: E731  (old and new layouts)
+    for index, (x, y) in enumerate(zip(merges_a, merges_b)):
+        if norm(x) != norm(y):
+            return f"BPE merge {index}: {norm(x)!r} in the target, {norm(y)!r} in the draft"
+    if len(merges_a) != len(merges_b):
+        return f"BPE merges: {len(merges_a)} in the target, {len(merges_b)} in the draft"
+    return None
+
+
+def _behaviour_difference(target, draft) -> str | None:
+    a, b = target.backend_tokenizer, draft.backend_tokenizer
+    probes = list(PROBE_TEXTS) + [token.content for token in a.get_added_tokens_decoder().values()]
+    for text in probes:
+        ids_a, ids_b = a.encode(text, add_special_tokens=False).ids, b.encode(text, add_special_tokens=False).ids
+        if ids_a != ids_b:
+            at = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y), min(len(ids_a), len(ids_b)))
+            first = (a.id_to_token(ids_a[at]) if at < len(ids_a) else "end", b.id_to_token(ids_b[at])
+                     if at < len(ids_b) else "end")
+            return f"encoding {text[:40]!r}: token {at} is {first[0]!r} in the target, {first[1]!r} in the draft"
+        if a.decode(ids_a, skip_special_tokens=False) != b.decode(ids_b, skip_special_tokens=False):
+            return f"decoding {text[:40]!r}: the two tokenizers give different text back"
+    return None
+
+
 def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
-    """Raise IncompatiblePair naming the first difference between the two tokenizers."""
-    target_json, draft_json = tokenizer_json(target_tokenizer), tokenizer_json(draft_tokenizer)
-    for part in _TOKENIZER_PARTS:
-        difference = _first_difference(target_json.get(part), draft_json.get(part), f"tokenizer.{part}")
+    """Raise IncompatiblePair naming the first place where the two tokenizers differ in what they do."""
+    for check in (_vocabulary_difference, _added_difference, _merges_difference, _behaviour_difference):
+        difference = check(target_tokenizer, draft_tokenizer)
         if difference:
-            raise IncompatiblePair(f"draft and target tokenizers differ at {difference}")
+            raise IncompatiblePair(f"draft and target tokenizers differ: {difference}")
 
 
 def check_specs(target, draft) -> None:

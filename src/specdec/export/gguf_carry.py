@@ -173,17 +173,11 @@ def matmul_initializers(grid: Grid, prefix: str) -> tuple[int, list]:
     correction K' = K + 2 * Cp (``_correction_rows``: the rows the doubled, padded block sums feed)."""
     from onnx import numpy_helper
 
-    default = 8 if grid.bits == 4 else 128
-    if not np.all(grid.zero == default):
-        raise ValueError(f"a carried {grid.bits}-bit grid must use the default zero point {default}")
-    q, scale = grid.q, grid.scale
-    if grid.correction is not None:
-        cq, cscale = _correction_rows(grid.correction)
-        q = np.concatenate([q, cq], axis=1)
-        scale = np.concatenate([scale, cscale], axis=1)
-    names = (f"{prefix}_data", f"{prefix}_scales")
-    arrays = (_pack(q, grid.bits), scale.astype(np.float32))
-    return q.shape[1], [numpy_helper.from_array(a, n) for a, n in zip(arrays, names)]
+    from specdec.export.nbits import pack_grid
+
+    packed = pack_grid(grid)
+    return packed.k, [numpy_helper.from_array(packed.data, f"{prefix}_data"),
+                      numpy_helper.from_array(packed.scales, f"{prefix}_scales")]
 
 
 class _Builder:

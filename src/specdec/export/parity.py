@@ -109,15 +109,19 @@ def _tree_paths(tree_tokens: list[int]) -> tuple[list, list]:
     return depths, paths
 
 
+def parity_sequences(prompt_ids: list[int], extra_ids: list[int]) -> list:
+    """Every token sequence the parity scenarios compare against (prefill, decode, chain, each tree path)."""
+    sequences = [prompt_ids, prompt_ids + extra_ids[:1], prompt_ids + extra_ids[:5]]
+    return sequences + [prompt_ids + path for path in _tree_paths(extra_ids[:5])[1]]
+
+
 def reference_outputs(hf_model, prompt_ids: list[int], extra_ids: list[int]) -> dict:
     """Hugging Face logits and KV rows for every sequence the parity scenarios need, keyed by token tuple.
 
     Computed once per model, so the model can be freed before quantizing and the quantized
     graph is still compared with the float reference.
     """
-    sequences = [prompt_ids, prompt_ids + extra_ids[:1], prompt_ids + extra_ids[:5]]
-    sequences += [prompt_ids + path for path in _tree_paths(extra_ids[:5])[1]]
-    return {tuple(ids): _hf_forward(hf_model, ids) for ids in sequences}
+    return {tuple(ids): _hf_forward(hf_model, ids) for ids in parity_sequences(prompt_ids, extra_ids)}
 
 
 def check_parity(references: dict, onnx_path: Path, spec: ModelSpec, prompt_ids: list[int], extra_ids: list[int]) -> dict:

@@ -1,0 +1,217 @@
+"""The streamed exporter (export/streamed.py): the fused graph built layer by layer from weights read one tensor at
+a time. On the tiny models it gives the traced exporter's bundle (the same int4 weights: the same greedy tokens in
+every mode, the same parity errors), its own graphs match the source model's layers, padded vocabularies pair,
+tokenizers are compared by what they do, and the Q4_K quantizer is llama.cpp's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tiny_models import build_noisy_copy, build_tiny_model
+
+pytest.importorskip("torch")
+DATA = Path(__file__).parent / "data"
+
+
+def _export(target, draft, out, **options):
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    return export_bundle(ExportOptions(target=str(target), draft=str(draft) if draft else None, out=out, **options),
+                         progress=lambda message: None)
+
+
+@pytest.mark.integration
+def test_streamed_int4_bundle_decodes_as_the_traced_one(tiny_pair_dirs, tmp_path):
+    """Streamed and traced exports of the tiny pair (int4, rtn): the same weight bytes (MLAS's projections, the
+    embedding's blocks), so both models' parity errors are equal and every mode gives the same greedy tokens; the
+    target's verify rows equal its one-token passes bit for bit."""
+    from specdec import SpeculativeDecoder
+
+    target, draft = tiny_pair_dirs
+    streamed = _export(target, draft, tmp_path / "streamed", quant="int4", exporter="streamed")
+    traced = _export(target, draft, tmp_path / "traced", quant="int4", exporter="traced")
+    assert streamed.extra["exporter"] == {"draft": "streamed", "target": "streamed"}
+    assert traced.extra["exporter"] == {"draft": "traced", "target": "traced"}
+    errors = lambda manifest, role: manifest.extra["parity_max_abs_error"][role]["int4"]  # noqa: E731
+    for role in ("target", "draft"):
+        for scenario in ("prefill", "decode", "chain_verify", "tree", "rows_vs_decode"):
+            assert errors(streamed, role)[scenario] == pytest.approx(errors(traced, role)[scenario], rel=1e-4)
+    # the target's verify rows are its one-token passes bit for bit (what greedy identity needs; the draft only
+    # proposes: its block-128 rows may round apart, the traced draft's alike)
+    assert errors(streamed, "target")["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
+    tokens = {}
+    for name in ("streamed", "traced"):
+        decoder = SpeculativeDecoder.load(tmp_path / name)
+        tokens[name] = [decoder.generate(prompt, max_new_tokens=24, num_draft_tokens=mode).token_ids
+                        for prompt in ("def add(a, b):", "hello world") for mode in (0, 3, "auto")]
+    assert tokens["streamed"] == tokens["traced"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_streamed_float_graph_matches_the_source_models_layers(arch, tmp_path):
+    """Each streamed architecture's float graph against its source model (the reference run one Hugging Face layer at a
+    time): logits and every layer's KV rows within float rounding, in prefill, decode, chain verify and a tree."""
+    model = build_tiny_model(tmp_path / "hf", arch, seed=0)
+    manifest = _export(model, None, tmp_path / "bundle", exporter="streamed")
+    report = manifest.extra["parity_max_abs_error"]["target"]["float"]
+    assert manifest.extra["exporter"]["target"] == "streamed"
+    for scenario, errors in report.items():
+        assert errors["logits"] < 1e-4 and errors["kv"] < 1e-4, (scenario, errors)
+
+
+@pytest.mark.integration
+def test_a_planted_layer_bug_fails_the_streamed_parity(tmp_path, monkeypatch):
+    """Planted: the streamed graph's residual add dropped in one place (the skip norm reads zeros) must show in the
+    parity report the export writes."""
+    from specdec.export import streamed
+
+    original = streamed.FusedGraphBuilder.skip_norm
+
+    def broken(self, x, residual, gamma, name):
+        if name == "layers.0/ffn_norm":
+            residual = self.w.one("Mul", [residual, self.w.constant([0.0], np.float32)], name="planted")
+        return original(self, x, residual, gamma, name)
+
+    monkeypatch.setattr(streamed.FusedGraphBuilder, "skip_norm", broken)
+    monkeypatch.setattr("specdec.export.bundle.run_isolated", lambda function, *args: function(*args))
+    model = build_tiny_model(tmp_path / "hf", "llama", seed=0)
+    report = _export(model, None, tmp_path / "bundle", exporter="streamed").extra["parity_max_abs_error"]
+    assert report["target"]["float"]["prefill"]["logits"] > 1e-2
+
+
+@pytest.mark.integration
+def test_padded_vocabulary_pairs_with_an_unpadded_draft(tmp_path):
+    """A target whose tables are padded beyond the tokenizer (as Qwen2.5 7B-32B's) pairs with a draft that is not:
+    both bundles score the tokenizer's ids, and greedy speculation stays token-identical to target-only."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdec import SpeculativeDecoder
+
+    target = build_tiny_model(tmp_path / "target", "llama", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(target)
+    model.resize_token_embeddings(136, mean_resizing=False)  # 8 padding rows no token id reaches
+    with torch.no_grad():
+        model.get_output_embeddings().weight[128:] = 5.0  # rows that would win every argmax if they were kept
+    model.save_pretrained(target)
+    draft = build_noisy_copy(build_tiny_model(tmp_path / "draft-base", "llama", seed=0), tmp_path / "draft",
+                             noise=0.005, seed=1)
+    manifest = _export(target, draft, tmp_path / "bundle", quant="int4")
+    assert manifest.target.vocab_size == manifest.draft.vocab_size == 128
+    decoder = SpeculativeDecoder.load(tmp_path / "bundle")
+    baseline = decoder.generate("def add(a, b):", max_new_tokens=24, num_draft_tokens=0).token_ids
+    assert all(t < 128 for t in baseline)
+    assert decoder.generate("def add(a, b):", max_new_tokens=24, num_draft_tokens=3).token_ids == baseline
+
+
+def _tokenizer(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_tokenizers_are_compared_by_what_they_do(tmp_path):
+    """A tokenizer.json without a normalizer and one with a normalizer that changes nothing agree (as a GGUF's and a
+    Hugging Face folder's of one model do); a swapped token is refused naming its id."""
+    pytest.importorskip("transformers")
+    from specdec.export.compat import IncompatiblePair, check_tokenizers
+    from tiny_models import tiny_tokenizer
+
+    base = tiny_tokenizer()
+    base.save_pretrained(tmp_path / "a")
+    data = json.loads((tmp_path / "a" / "tokenizer.json").read_text())
+    assert data["normalizer"] is None
+    data["normalizer"] = {"type": "Sequence", "normalizers": []}
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "b" / "tokenizer.json").write_text(json.dumps(data))
+    check_tokenizers(_tokenizer(tmp_path / "a"), _tokenizer(tmp_path / "b"))
+    vocab = data["model"]["vocab"]
+    data["model"]["vocab"] = {("Z" if k == "A" else "A" if k == "Z" else k): v for k, v in vocab.items()}
+    (tmp_path / "b" / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(IncompatiblePair, match=f"token id {vocab['A']}: 'A' in the target, 'Z' in the draft"):
+        check_tokenizers(_tokenizer(tmp_path / "a"), _tokenizer(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("name", ["normal", "heavy", "positive"])
+def test_q4_k_is_llama_cpps(name):
+    """Against llama.cpp's own quantize_row_q4_K_ref (tests/data/q4_k_llama_cpp.npz, through its ggml library): the
+    same 4-bit values but for ties, the same squared error to 0.1%."""
+    from specdec.export.gguf_blocks import grid_of
+    from specdec.export.kquant import q4_k_grid
+
+    data = np.load(DATA / "q4_k_llama_cpp.npz")
+    weight, reference = data[f"{name}_weight"], grid_of(data[f"{name}_q4_k"], "Q4_K")
+    ours = q4_k_grid(weight)
+    assert (ours.q == reference.q).mean() > 0.995
+    error = lambda grid: float(np.square(grid.values() - weight).sum())  # noqa: E731
+    assert error(ours) == pytest.approx(error(reference), rel=1e-3)
+
+
+def test_a_planted_search_bug_is_caught_by_the_llama_cpp_reference(monkeypatch):
+    """Planted: the search with its moving minimum removed (every candidate rounds against the first minimum, as an
+    earlier version did) leaves the llama.cpp reference."""
+    from specdec.export import kquant
+    from specdec.export.gguf_blocks import grid_of
+
+    monkeypatch.setattr(kquant, "STEPS", 0)
+    data = np.load(DATA / "q4_k_llama_cpp.npz")
+    ours, reference = kquant.q4_k_grid(data["heavy_weight"]), grid_of(data["heavy_q4_k"], "Q4_K")
+    assert (ours.q == reference.q).mean() < 0.995
+
+
+def test_the_graph_writer_keeps_only_references_to_what_it_wrote(tmp_path):
+    """An initializer goes to the data file at once (page-aligned when large); the graph holds its offset, and the
+    model reads back the same arrays."""
+    import onnx
+    from onnx import numpy_helper
+
+    from specdec.contract.manifest import TensorSpec
+    from specdec.export.graph_writer import GraphWriter
+
+    writer = GraphWriter(tmp_path)
+    big = np.arange(300_000, dtype=np.float32).reshape(600, 500)
+    small = np.array([1, 2, 3], np.int64)
+    writer.initializer("big", big)
+    writer.initializer("small", small)
+    out = writer.one("MatMul", ["x", "big"], name="mm")
+    writer.node("Identity", [out], ["y"], name="id")
+    tensor = writer.graph.initializer[0]
+    assert not tensor.raw_data and int(dict((e.key, e.value) for e in tensor.external_data)["offset"]) % 4096 == 0
+    path = writer.finish((TensorSpec("x", "float32", ("batch", 600)),), (TensorSpec("y", "float32", ("batch", 500)),))
+    model = onnx.load(str(path))
+    loaded = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert np.array_equal(loaded["big"], big) and np.array_equal(loaded["small"], small)
+
+
+def test_gguf_weights_undo_llamas_rotary_row_order(tmp_path):
+    """A Llama GGUF stores q and k rows permuted for llama.cpp's rotary layout; GGUFWeights gives them back in Hugging
+    Face's order (transformers' reverse permute), for floats and for carried grids alike."""
+    gguf = pytest.importorskip("gguf")
+    from specdec.export.tensors import GGUFWeights
+
+    heads, kv_heads, head_dim, hidden = 4, 2, 8, 32
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((heads * head_dim, hidden)).astype(np.float32)
+    k = rng.standard_normal((kv_heads * head_dim, hidden)).astype(np.float32)
+
+    def permute(w, n_head):  # convert_hf_to_gguf.py's LlamaModel.permute
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_tensor("blk.0.attn_q.weight", permute(q, heads))
+    writer.add_tensor("blk.0.attn_k.weight", permute(k, kv_heads))
+    writer.add_tensor("blk.0.attn_v.weight", k)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    weights = GGUFWeights(tmp_path / "m.gguf", heads, kv_heads)
+    assert np.array_equal(weights.get("model.layers.0.self_attn.q_proj.weight"), q)
+    assert np.array_equal(weights.get("model.layers.0.self_attn.k_proj.weight"), k)
+    assert np.array_equal(weights.get("model.layers.0.self_attn.v_proj.weight"), k)  # v is stored as it is

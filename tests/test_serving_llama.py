@@ -304,8 +304,9 @@ def test_infill_answers_like_llama_server(served, reference):
     assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"] - 1e-9 for p in probs)
     again = _post(served, "/infill", INFILL).json()
     assert again["content"] == expected.text
-    assert again["tokens_cached"] > 0
-    assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["tokens_cached"]
+    assert again["timings"]["cache_n"] > 0  # prompt tokens reused; tokens_cached: what the slot holds after it
+    assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["timings"]["cache_n"]
+    assert again["tokens_cached"] == again["tokens_evaluated"] + again["tokens_predicted"] - 1  # the last is never fed
     assert again["specdec"]["ignored_fields"] == []
 
 
@@ -343,7 +344,7 @@ def test_completions_suffix_is_fill_in_the_middle(served, reference):
     ({"temperature": "hot"}, "temperature"),
     ({"n_predict": -2}, "n_predict"),
     ({"n_predict": 100_000}, "n_predict"),
-    ({"input_extra": [{"file": "a.py"}]}, "input_extra.0.file"),
+    ({"input_extra": [{"file": "a.py"}]}, "input_extra.0.text"),
     ({"input_extra": "a.py"}, "input_extra"),
     ({"seed": -5}, "seed"),
     ({"top_p": 0}, "top_p"),

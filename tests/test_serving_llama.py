@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import json
-import shutil
 import socket
 import threading
 import time
@@ -22,19 +20,6 @@ httpx = pytest.importorskip("httpx")
 
 MODEL = "tiny-fim"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def add(a, b):"}]
-FIM = {"prefix": 5, "suffix": 6, "middle": 7}  # three ids of the tiny vocabulary, declared FIM markers
-
-
-@pytest.fixture(scope="module")
-def fim_bundle(chat_bundle, tmp_path_factory):
-    """The tiny chat bundle whose manifest declares FIM tokens (as the exporter records them for a code model)."""
-    from specdec.contract.manifest import MANIFEST_NAME, Manifest
-
-    out = tmp_path_factory.mktemp("bundles") / "tiny-fim"
-    shutil.copytree(chat_bundle, out)
-    manifest = dataclasses.replace(Manifest.read(out), fim_tokens=dict(FIM))
-    (out / MANIFEST_NAME).write_text(manifest.to_json())
-    return out
 
 
 def _supports_cache_ram() -> bool:

@@ -19,8 +19,8 @@ from specdec.serving.wire import APIError
 def check_ids(ids, vocab: int, field: str) -> None:
     for index, token in enumerate(ids):
         if not isinstance(token, str) and token >= vocab:
-            raise APIError(400, f"{field}[{index}]: token id {token} is not in this model's vocabulary "
-                                f"(0..{vocab - 1})", param=field)
+            raise APIError(400, f"{field}.{index}: token id {token} is not in this model's vocabulary "
+                                f"(0..{vocab - 1})", param=f"{field}.{index}")
 
 
 def build_info() -> str:

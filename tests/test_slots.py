@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -271,3 +272,17 @@ def test_ordinary_filenames_are_allowed(tmp_path, name):
     from specdec.decoding.slot_file import slot_path
 
     assert slot_path(tmp_path, name) == tmp_path.resolve() / name
+
+
+def test_slot_timing_tool_runs_on_the_tiny_bundle(fim_bundle, tmp_path):
+    """tools/slot_timing.py: cold first turn, save, restart, restore, the next turn restored and cold; its table,
+    and the restored and cold answers are the same tokens."""
+    tool = Path(__file__).parent.parent / "tools" / "slot_timing.py"
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(PROMPT)
+    done = subprocess.run([sys.executable, str(tool), str(fim_bundle), "--prompt-file", str(prompt), "--max-tokens",
+                           "8", "--keep", str(tmp_path / "kept")], capture_output=True, text=True, timeout=300,
+                          env=os.environ.copy())
+    assert done.returncode == 0, done.stderr
+    assert "| restore slot 0 |" in done.stdout and "next turn restored vs cold: the same " in done.stdout
+    assert (tmp_path / "kept" / "slot_timing.bin").stat().st_size > 0

@@ -5,14 +5,12 @@ table (400 naming the field, never a 500); the pool's pinned jobs. Servers bind 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
+from served_app import served_app
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -21,30 +19,6 @@ requests = pytest.importorskip("requests")
 
 MODEL = "tiny-fim"
 WORKERS = 2
-
-
-@contextlib.contextmanager
-def _uvicorn(app):
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +36,7 @@ def served(fim_bundle, tmp_path_factory):
     folder = tmp_path_factory.mktemp("slots")
     app = build_app(fim_bundle, ServerOptions(model_name=MODEL, slot_save_path=str(folder)),
                     PoolOptions(workers=WORKERS))
-    with _uvicorn(app) as url:
+    with served_app(app) as (url, _):
         yield url
 
 

@@ -5,14 +5,13 @@ cache in /metrics, ``--cache-ram``. In-process servers on 127.0.0.1 only; every 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import json
-import socket
 import threading
 import time
 
 import pytest
+from served_app import served_app
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -36,30 +35,6 @@ def reference(fim_bundle):
     return SpeculativeDecoder.load(fim_bundle)
 
 
-@contextlib.contextmanager
-def _uvicorn(app):
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-
-
 @pytest.fixture(scope="module")
 def served(fim_bundle):
     """build_app over the FIM bundle: 2 workers, a prompt cache when the decoder has one; yields (url, app)."""
@@ -68,7 +43,7 @@ def served(fim_bundle):
 
     load = LoadOptions(cache_ram_mib=8 if _supports_cache_ram() else 0)
     app = build_app(fim_bundle, ServerOptions(model_name=MODEL, shutdown_grace=1.0), PoolOptions(workers=2), load)
-    with _uvicorn(app) as url:
+    with served_app(app) as (url, _):
         yield url
 
 
@@ -350,7 +325,7 @@ def test_infill_bad_fields_are_400_naming_the_field(served, payload, named):
 def test_infill_on_a_bundle_without_fim_tokens_is_400_saying_why(chat_bundle):
     from specdec.serving.app import ServerOptions, build_app
 
-    with _uvicorn(build_app(chat_bundle, ServerOptions(model_name=MODEL))) as url:
+    with served_app(build_app(chat_bundle, ServerOptions(model_name=MODEL))) as (url, _):
         response = _post(url, "/infill", {"input_prefix": "def f():", "input_suffix": "\n"})
         assert response.status_code == 400, response.text
         assert "no fill-in-the-middle tokens" in response.json()["error"]["message"]

@@ -13,12 +13,9 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
-import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,37 +30,19 @@ PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    
 GREEDY = {"n_predict": 16, "temperature": 0, "return_tokens": True, "id_slot": 0}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve(bundle, folder):
     """`specdec serve BUNDLE --slot-save-path FOLDER` in a subprocess on 127.0.0.1 (one worker)."""
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "specdec.cli.main", "serve", str(bundle), "--host", "127.0.0.1",
-                                "--port", str(port), "--slot-save-path", str(folder), "--shutdown-grace", "2"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
+    from specdec.bench.llama_server import ServerProcess, free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "specdec.cli.main", "serve", str(bundle), "--host", "127.0.0.1", "--port",
+            str(port), "--slot-save-path", str(folder), "--shutdown-grace", "2"]
+    process = ServerProcess(argv, port, "specdec serve").start(90)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(f"server exited: {process.stderr.read()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "server not healthy within 90 s"
-            time.sleep(0.2)
-        yield url
+        yield process.url
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        process.stop()
 
 
 def _post(url, path, body) -> httpx.Response:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,36 +28,24 @@ from pathlib import Path
 
 import httpx
 
-from specdec.bench.llama_server import free_port
+from specdec.bench.llama_server import ServerProcess, free_port
 
 
 @contextlib.contextmanager
 def server(bundle: str, folder: Path, extra: list):
     """`specdec serve` on a free 127.0.0.1 port; yields (url, seconds until healthy)."""
     port = free_port()
+    argv = [sys.executable, "-m", "specdec.cli.main", "serve", bundle, "--host", "127.0.0.1", "--port", str(port),
+            "--slot-save-path", str(folder), "--shutdown-grace", "5", *extra]
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "specdec.cli.main", "serve", bundle, "--host", "127.0.0.1",
-                                "--port", str(port), "--slot-save-path", str(folder), "--shutdown-grace", "5", *extra],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"the server exited: {process.stderr.read().strip()[-500:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit("the server was not healthy within 600 s")
-            time.sleep(0.2)
-        yield url, time.perf_counter() - started
+        process = ServerProcess(argv, port, "specdec serve").start(600)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
+    try:
+        yield process.url, time.perf_counter() - started
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        process.stop()
 
 
 def post(url: str, path: str, body: dict) -> dict:

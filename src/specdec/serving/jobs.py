@@ -179,18 +179,23 @@ class Engine:
             raise option_error(exc, names, budget_given, prompt_field) from None
         return Prepared(list(prompt_ids), options, sources=sources, worker=worker)
 
-    async def start(self, prepared: Prepared, request: Request, names: dict):
-        """Queue the job on the worker whose cache shares the most of its prompt, and wait for its first item
-        (so bad requests still get a 400, not a broken stream)."""
+    def submit(self, work, **where):
+        """``pool.submit(work, **where)``; a full queue is a 429, a pool shutting down a 503 (with Retry-After)."""
         retry = self.options.retry_after
         try:
-            job = self.pool.submit(stream_work(prepared, self.codec), prompt_ids=prepared.prompt_ids,
-                                   worker=prepared.worker, request=prepared)
+            return self.pool.submit(work, **where)
         except PoolBusy as exc:
             raise APIError(429, f"server busy: {exc}; retry later", code="queue_full", kind="rate_limit_error",
                            retry_after=retry) from None
         except PoolClosed as exc:
             raise APIError(503, str(exc), code="shutting_down", kind="server_error", retry_after=retry) from None
+
+    async def start(self, prepared: Prepared, request: Request, names: dict):
+        """Queue the job on the worker whose cache shares the most of its prompt, and wait for its first item
+        (so bad requests still get a 400, not a broken stream)."""
+        retry = self.options.retry_after
+        job = self.submit(stream_work(prepared, self.codec), prompt_ids=prepared.prompt_ids, worker=prepared.worker,
+                          request=prepared)
         try:
             first = await self.next_item(job, request, [time.monotonic()])
         except JobCancelled:

@@ -17,7 +17,9 @@ import re
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, model_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
 from specdec.contract.limits import MAX_STOP_STRINGS
@@ -104,6 +106,9 @@ def check_stops(value):
     if any(not s for s in stops):
         raise ValueError("stop strings must be non-empty")
     return value
+
+
+StopStrings = Annotated[str | list[str], AfterValidator(check_stops)]  # every dialect's ``stop`` field
 
 
 def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:

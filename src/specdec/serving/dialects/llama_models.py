@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS
 from specdec.serving.dialects.openai_models import ProposerName
-from specdec.serving.wire import WireModel, check_stops
+from specdec.serving.wire import StopStrings, WireModel
 
 Budget = Annotated[int, Field(ge=-1)]  # -1: until EOS or the context is full; 0: prefill only (a warm-up)
 TokenId = Annotated[int, Field(ge=0)]
@@ -37,7 +37,7 @@ class LlamaGeneration(LlamaBody):
     max_completion_tokens: Budget | None = None
     t_max_predict_ms: Annotated[int, Field(ge=-1)] = 0  # stop once this long after the first token and a newline
     cache_prompt: bool = True
-    stop: str | list[str] = []
+    stop: StopStrings = []
     stream: bool = False
     temperature: Annotated[float, Field(ge=0.0)] = 0.8
     top_k: Annotated[int, Field(ge=0)] = 40
@@ -58,11 +58,6 @@ class LlamaGeneration(LlamaBody):
     proposer: ProposerName | None = None
     grammar: str | None = None  # GBNF
     json_schema: dict | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, value):
-        return check_stops(value)
 
     @field_validator("n_cmpl", "n")
     @classmethod

@@ -24,7 +24,7 @@ from fastapi import Request
 from specdec.decoding.slot_file import SlotFileConflict, SlotFileError, SlotUnsupported, SlotWriteError, slot_path
 from specdec.serving.dialects.llama_models import SlotFileRequest
 from specdec.serving.jobs import Engine, Prepared
-from specdec.serving.pool import JobCancelled, PoolBusy, PoolClosed
+from specdec.serving.pool import JobCancelled
 from specdec.serving.wire import APIError
 
 ACTIONS = ("save", "restore", "erase")
@@ -106,20 +106,13 @@ class Slots:
         return await self.run(action_work(action, index, path, filename), index, request)
 
     async def run(self, work, index: int, request: Request) -> dict:
-        retry = self.server.retry_after
-        try:
-            job = self.engine.pool.submit(work, worker=index)
-        except PoolBusy as exc:
-            raise APIError(429, f"server busy: {exc}; retry later", code="queue_full", kind="rate_limit_error",
-                           retry_after=retry) from None
-        except PoolClosed as exc:
-            raise APIError(503, str(exc), code="shutting_down", kind="server_error", retry_after=retry) from None
+        job = self.engine.submit(work, worker=index)
         try:
             answer = await self.engine.next_item(job, request, [time.monotonic()])
             await job.get()  # END: the worker is free again
         except JobCancelled:
             raise APIError(503, "the server is shutting down: slot action cancelled", code="shutting_down",
-                           kind="server_error", retry_after=retry) from None
+                           kind="server_error", retry_after=self.server.retry_after) from None
         except SlotFileConflict as exc:
             raise APIError(409, str(exc), param="filename") from None
         except SlotWriteError as exc:

@@ -210,7 +210,7 @@ class Completion(Generation):
     async def create(self, body: CompletionRequest, request: Request):
         names = self.names(body)
         ids = self.engine.codec.encode_mixed(body.prompt, add_special=True)
-        budget_name, budget = body.budget()
+        budget = body.budget()[1]
         max_new = budget if budget >= 0 else self.engine.open_budget(ids)
         options = options_of(body, max_new, names)
         return await self.answer(body, request, ids, options, names, budget >= 0)

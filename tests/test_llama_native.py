@@ -372,3 +372,20 @@ def test_a_pinned_job_waits_for_its_worker_and_lets_others_pass():
     finally:
         release.set()
         pool.close(grace=5)
+
+
+def test_slot_save_path_must_be_a_folder_and_is_not_for_ray(tmp_path):
+    import argparse
+
+    from specdec.cli.args import add_load_args
+    from specdec.cli.serve import add_serve_parser, cmd_serve
+    from specdec.serving.app import ServerOptions
+
+    with pytest.raises(ValueError, match="is not a directory"):
+        ServerOptions(model_name="m", slot_save_path=str(tmp_path / "missing"))
+    assert ServerOptions(model_name="m", slot_save_path=str(tmp_path)).slot_save_path == str(tmp_path)
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"), add_load_args)
+    args = parser.parse_args(["serve", str(tmp_path), "--slot-save-path", str(tmp_path), "--ray"])
+    with pytest.raises(ValueError, match="--slot-save-path is for one process's workers"):
+        cmd_serve(args)

@@ -65,10 +65,10 @@ def _show_logs() -> None:
 
 
 def cmd_serve(args) -> int:
-    _show_logs()
     if args.slot_save_path is not None and args.ray:
         raise ValueError("--slot-save-path is for one process's workers: with --ray a request reaches any replica, "
                          "whose slots are not the ones saved")
+    _show_logs()
     if args.ray:
         from specdec.serving.ray_serve import RayOptions, serve_on_ray
 

@@ -2,6 +2,7 @@
 tool result, final answer), streamed and not, and a JSON-schema answer. Prints a transcript.
 
 usage: python examples/agent_tools.py BUNDLE [--threads 2] [--url http://127.0.0.1:PORT]
+needs: pip install -e ".[serve,examples]"   (the server, and the openai / httpx clients this script uses)
 
 Without --url it starts `specdec serve BUNDLE` on 127.0.0.1 on a free port (needs the [serve] extra) and stops
 it at the end. Greedy (temperature 0) with the server's default speculation ("auto").

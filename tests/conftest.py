@@ -187,13 +187,31 @@ def chat_bundle(tiny_bundle, tmp_path_factory):
     return out
 
 
+TINY_FIM = {"prefix": 5, "suffix": 6, "middle": 7}  # three ids of the tiny vocabulary, declared FIM markers
+
+
+@pytest.fixture(scope="session")
+def fim_bundle(chat_bundle, tmp_path_factory):
+    """The tiny chat bundle whose manifest declares FIM tokens (as the exporter records them for a code model)."""
+    import dataclasses
+    import shutil
+
+    from specdec.contract.manifest import MANIFEST_NAME, Manifest
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-fim"
+    shutil.copytree(chat_bundle, out)
+    manifest = dataclasses.replace(Manifest.read(out), fim_tokens=dict(TINY_FIM))
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return out
+
+
 # ----------------------------------------------------------------------------- the fast loop
 # An integration test exports a model, builds tiny torch models, starts a server, a subprocess or Ray. It says so
 # itself (``@pytest.mark.integration``, or ``pytestmark`` for a whole module), or uses one of the fixtures below,
 # which carry the mark to every test that needs them (directly or through another fixture).
 # ``python -m pytest -m "not integration"`` is the fast loop.
 INTEGRATION_FIXTURES = {"tiny_pair_dirs", "tiny_bundle", "tiny_standard_bundle", "tiny_decoder", "chat_bundle",
-                        "long_decoder_bundle_free_runner", "bundle_per_form", "quantized_pair_bundle", "real_pair"}
+                        "fim_bundle", "long_decoder_bundle_free_runner", "bundle_per_form", "quantized_pair_bundle", "real_pair"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -56,10 +56,10 @@ def scripted_chat_decoder():
 def client():
     from specdec.serving.app import ServerOptions, create_app
     from specdec.serving.pool import DecoderPool, PoolOptions
-    from test_server import _uvicorn
+    from served_app import served_app
 
     pool = DecoderPool(scripted_chat_decoder(), PoolOptions(workers=1, max_queue=4))
-    with _uvicorn(create_app(pool, ServerOptions(model_name=MODEL, shutdown_grace=1.0))) as (url, _):
+    with served_app(create_app(pool, ServerOptions(model_name=MODEL, shutdown_grace=1.0))) as (url, _):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 

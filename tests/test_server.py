@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from served_app import served_app
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -258,25 +259,6 @@ class SlowStream:
         return getattr(self.stream, name)
 
 
-@contextlib.contextmanager
-def _uvicorn(app, grace: float = 1.0):
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        _wait_healthy(url, seconds=30)
-        yield url, server
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-
-
 @pytest.fixture
 def slow_server(decoder):
     """One worker, no waiting room, a stream that takes ~10 s unless cancelled."""
@@ -284,7 +266,7 @@ def slow_server(decoder):
     from specdec.serving.pool import DecoderPool, PoolOptions
 
     pool = DecoderPool(SlowDecoder(decoder.fork(), 0.05), PoolOptions(workers=1, max_queue=0))
-    with _uvicorn(create_app(pool, ServerOptions(model_name=MODEL, shutdown_grace=1.0))) as (url, server):
+    with served_app(create_app(pool, ServerOptions(model_name=MODEL, shutdown_grace=1.0))) as (url, server):
         yield url, pool, server
 
 

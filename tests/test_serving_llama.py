@@ -5,16 +5,13 @@ cache in /metrics, ``--cache-ram``. In-process servers on 127.0.0.1 only; every 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import inspect
 import json
-import shutil
-import socket
 import threading
 import time
 
 import pytest
+from served_app import served_app
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -22,19 +19,6 @@ httpx = pytest.importorskip("httpx")
 
 MODEL = "tiny-fim"
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def add(a, b):"}]
-FIM = {"prefix": 5, "suffix": 6, "middle": 7}  # three ids of the tiny vocabulary, declared FIM markers
-
-
-@pytest.fixture(scope="module")
-def fim_bundle(chat_bundle, tmp_path_factory):
-    """The tiny chat bundle whose manifest declares FIM tokens (as the exporter records them for a code model)."""
-    from specdec.contract.manifest import MANIFEST_NAME, Manifest
-
-    out = tmp_path_factory.mktemp("bundles") / "tiny-fim"
-    shutil.copytree(chat_bundle, out)
-    manifest = dataclasses.replace(Manifest.read(out), fim_tokens=dict(FIM))
-    (out / MANIFEST_NAME).write_text(manifest.to_json())
-    return out
 
 
 def _supports_cache_ram() -> bool:
@@ -51,30 +35,6 @@ def reference(fim_bundle):
     return SpeculativeDecoder.load(fim_bundle)
 
 
-@contextlib.contextmanager
-def _uvicorn(app):
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-
-
 @pytest.fixture(scope="module")
 def served(fim_bundle):
     """build_app over the FIM bundle: 2 workers, a prompt cache when the decoder has one; yields (url, app)."""
@@ -83,7 +43,7 @@ def served(fim_bundle):
 
     load = LoadOptions(cache_ram_mib=8 if _supports_cache_ram() else 0)
     app = build_app(fim_bundle, ServerOptions(model_name=MODEL, shutdown_grace=1.0), PoolOptions(workers=2), load)
-    with _uvicorn(app) as url:
+    with served_app(app) as (url, _):
         yield url
 
 
@@ -304,8 +264,9 @@ def test_infill_answers_like_llama_server(served, reference):
     assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"] - 1e-9 for p in probs)
     again = _post(served, "/infill", INFILL).json()
     assert again["content"] == expected.text
-    assert again["tokens_cached"] > 0
-    assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["tokens_cached"]
+    assert again["timings"]["cache_n"] > 0  # prompt tokens reused; tokens_cached: what the slot holds after it
+    assert again["timings"]["prompt_n"] == again["tokens_evaluated"] - again["timings"]["cache_n"]
+    assert again["tokens_cached"] == again["tokens_evaluated"] + again["tokens_predicted"] - 1  # the last is never fed
     assert again["specdec"]["ignored_fields"] == []
 
 
@@ -343,7 +304,7 @@ def test_completions_suffix_is_fill_in_the_middle(served, reference):
     ({"temperature": "hot"}, "temperature"),
     ({"n_predict": -2}, "n_predict"),
     ({"n_predict": 100_000}, "n_predict"),
-    ({"input_extra": [{"file": "a.py"}]}, "input_extra.0.file"),
+    ({"input_extra": [{"file": "a.py"}]}, "input_extra.0.text"),
     ({"input_extra": "a.py"}, "input_extra"),
     ({"seed": -5}, "seed"),
     ({"top_p": 0}, "top_p"),
@@ -364,7 +325,7 @@ def test_infill_bad_fields_are_400_naming_the_field(served, payload, named):
 def test_infill_on_a_bundle_without_fim_tokens_is_400_saying_why(chat_bundle):
     from specdec.serving.app import ServerOptions, build_app
 
-    with _uvicorn(build_app(chat_bundle, ServerOptions(model_name=MODEL))) as url:
+    with served_app(build_app(chat_bundle, ServerOptions(model_name=MODEL))) as (url, _):
         response = _post(url, "/infill", {"input_prefix": "def f():", "input_suffix": "\n"})
         assert response.status_code == 400, response.text
         assert "no fill-in-the-middle tokens" in response.json()["error"]["message"]

@@ -463,13 +463,15 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> bool:
+    """Speedup against draft length as a PNG at ``path``; False when the report has no rows to plot. Without
+    matplotlib (the [bench] extra) an ImportError saying so: the plot is optional, the tables are not."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
+        raise ImportError("matplotlib is not installed (pip install 'specdec[bench]')") from None
     rows = [r for r in report["summary"] if r["kind"] == "all" and r["mode"].isdigit() and r["mode"] != "0"]
     if not rows:
         return False

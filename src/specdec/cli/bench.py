@@ -165,7 +165,11 @@ def cmd_bench(args) -> int:
     (out / "bench.json").write_text(json.dumps(report, indent=1))
     table = markdown(report)
     (out / "bench.md").write_text(table)
-    plotted = plot(report, out / "bench.png")
+    try:
+        plotted = plot(report, out / "bench.png")
+    except ImportError as exc:
+        plotted = False
+        print(f"specdec bench: no bench.png: {exc}", file=sys.stderr)
     print(table)
     print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}" + (f", {out / 'bench.png'}" if plotted else ""))
     return 0

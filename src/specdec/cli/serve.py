@@ -31,6 +31,9 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--suffix-cache", type=float, default=DEFAULT_SUFFIX_CACHE_MIB, metavar="MiB",
                        help="recent requests' outputs kept for suffix proposals, shared by the workers (4 bytes a "
                             f"token, oldest dropped first; default {DEFAULT_SUFFIX_CACHE_MIB}; 0: off)")
+    serve.add_argument("--slot-save-path", default=None, metavar="DIR",
+                       help="the folder llama-server's POST /slots/{id}?action=save|restore reads and writes (a "
+                            "worker's KV caches of both models, keyed by the bundle; default: slot actions are off)")
     add_load_args(serve)
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
@@ -62,6 +65,9 @@ def _show_logs() -> None:
 
 
 def cmd_serve(args) -> int:
+    if args.slot_save_path is not None and args.ray:
+        raise ValueError("--slot-save-path is for one process's workers: with --ray a request reaches any replica, "
+                         "whose slots are not the ones saved")
     _show_logs()
     if args.ray:
         from specdec.serving.ray_serve import RayOptions, serve_on_ray
@@ -89,7 +95,7 @@ def cmd_serve(args) -> int:
     pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     names = model_names(args)
     server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
-                                   shutdown_grace=args.shutdown_grace)
+                                   shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path)
     for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")

@@ -59,9 +59,14 @@ class SpeculativeDecoder:
 
     def __init__(self, bundle_dir: Path, manifest, target, draft, codec: TextCodec, costs: Costs | None = None,
                  prompt_cache: PromptCache | None = None, calibration_key: str | None = None,
-                 suffix_cache: SuffixCache | None = None, probe_budget: ProbeBudget | None = None):
+                 suffix_cache: SuffixCache | None = None, probe_budget: ProbeBudget | None = None,
+                 identity: str | None = None):
         self.bundle_dir = bundle_dir
         self.manifest = manifest
+        # the sha256 of the manifest's JSON: what the prompt cache and saved slot files are keyed by
+        if identity is None and hasattr(manifest, "to_json"):
+            identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        self.identity = identity
         self.target = target
         self.draft = draft
         self.codec = codec
@@ -136,7 +141,7 @@ class SpeculativeDecoder:
         key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, exact_rows)
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
         decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
-                      calibration_key=key, suffix_cache=suffix)
+                      calibration_key=key, suffix_cache=suffix, identity=identity)
         decoder.rows_exact = rows_exact
         return decoder
 
@@ -145,7 +150,8 @@ class SpeculativeDecoder:
         measured costs; owns new KV caches and IO bindings (N workers cost N caches, not N models)."""
         forked = SpeculativeDecoder(self.bundle_dir, self.manifest, self.target.fork(),
                                     self.draft.fork() if self.draft is not None else None, self.codec, self._costs,
-                                    self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget)
+                                    self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget,
+                                    self.identity)
         forked.rows_exact = self.rows_exact
         return forked
 
@@ -229,12 +235,31 @@ class SpeculativeDecoder:
         stops = options.stop_token_ids + fim_stop_ids(fim_tokens(self.manifest, self.codec))
         return ids, options.replace(stop_token_ids=stops)
 
-    def clear_cache(self) -> None:
+    def clear_cache(self) -> int:
         """Forget what this decoder's own KV caches hold (the next request prefills from token 0; the shared
-        RAM prompt cache is untouched). For measuring cold starts; never needed for correctness."""
+        RAM prompt cache is untouched); returns how many tokens the target's held. For measuring cold starts and
+        llama-server's slot erase; never needed for correctness."""
         with self._exclusive():
+            held = self.target.length
             for runner in filter(None, (self.target, self.draft)):
                 runner.reset()
+            return held
+
+    def save_caches(self, path) -> tuple:
+        """Write both models' KV caches (token ids and keys/values) to the file ``path`` (atomically), keyed by
+        this bundle's identity; (target tokens saved, bytes written). decoding/slot_file.py has the format."""
+        from specdec.decoding.slot_file import save_slot
+
+        with self._exclusive():
+            return save_slot(self, path)
+
+    def restore_caches(self, path) -> tuple:
+        """Load a file ``save_caches`` wrote into this decoder's caches; (target tokens restored, bytes read). A
+        file of another bundle, a damaged or truncated one is refused (``SlotFileError``) with nothing loaded."""
+        from specdec.decoding.slot_file import restore_slot
+
+        with self._exclusive():
+            return restore_slot(self, path)
 
     def cached_prefix(self, token_ids) -> int:
         """How many leading ``token_ids`` the target's cache holds now (what a request on them would not
@@ -415,6 +440,11 @@ class TextStream:
     def finish_reason(self) -> str | None:
         """None while the request runs; then "eos", "stop" or "length"."""
         return self._state.finish or None
+
+    @property
+    def stopping_word(self) -> str:
+        """The stop string that ended the text ("" when none did)."""
+        return self._state.text.matched
 
     @property
     def stats(self) -> GenerationStats:

@@ -5,6 +5,7 @@ The runtime itself works on token ids; text enters and leaves here.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 
@@ -13,17 +14,45 @@ class TextCodec:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        self._literal = None  # a copy that reads special tokens' text as plain text (made on first use)
+        self._lock = threading.Lock()
 
-    def encode(self, text: str, special: bool = True) -> list[int]:
-        """``special=False``: the text's own tokens, no BOS or other template tokens added."""
-        return self.tokenizer.encode(text, add_special_tokens=special).ids
+    def encode(self, text: str, special: bool = True, parse_special: bool = True) -> list[int]:
+        """``special=False``: the text's own tokens, no BOS or other template tokens added. ``parse_special=False``:
+        a special token's text written in ``text`` (``<|endoftext|>``) is tokenized as plain text, not as that token."""
+        tokenizer = self.tokenizer if parse_special else self._literal_tokenizer()
+        return tokenizer.encode(text, add_special_tokens=special).ids
+
+    def encode_mixed(self, content, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """llama-server's prompt forms: text, or a list of token ids and texts joined in order (the BOS, with
+        ``add_special``, only before a first part that is text). Ids are kept as given (the caller checks them)."""
+        if isinstance(content, str):
+            return self.encode(content, add_special, parse_special)
+        ids: list = []
+        for index, part in enumerate(content):
+            if isinstance(part, str):
+                ids += self.encode(part, add_special and index == 0, parse_special)
+            else:
+                ids.append(int(part))
+        return ids
+
+    def _literal_tokenizer(self):
+        with self._lock:  # one copy: the shared tokenizer's flag is never flipped under another thread
+            if self._literal is None:
+                from tokenizers import Tokenizer
+
+                literal = Tokenizer.from_str(self.tokenizer.to_str())
+                literal.encode_special_tokens = True
+                self._literal = literal
+            return self._literal
 
     def token_id(self, text: str) -> int | None:
         """The id of a token given by its text (a special token such as ``<|fim_prefix|>``), or None."""
         return self.tokenizer.token_to_id(text)
 
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids, skip_special: bool = True) -> str:
+        """The text of ``ids``; ``skip_special=False`` keeps special tokens' text (``<|endoftext|>``)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
 
     def piece_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a byte-level BPE token may hold part of a character; an added
@@ -102,6 +131,7 @@ class StopStrings:
         self.text = ""  # decoded so far (complete characters only), cut at a stop string once found
         self.emitted = 0  # characters of ``text`` already handed out
         self.stopped = False
+        self.matched = ""  # the stop string that cut the text (the first in ``stops`` among those found earliest)
 
     def push(self, token_id: int) -> bool:
         """Add one committed token; True when it completed a stop string (the text now ends before it)."""
@@ -113,9 +143,11 @@ class StopStrings:
             return self.stopped
         # an occurrence can only start in text not yet handed out (what was handed out is no stop's prefix)
         start = self.emitted
-        found = [index for index in (self.text.find(stop, start) for stop in self.stops) if index >= 0]
+        found = [(index, stop) for stop in self.stops if (index := self.text.find(stop, start)) >= 0]
         if found:
-            self.text = self.text[: min(found)]
+            first = min(index for index, _ in found)
+            self.matched = next(stop for index, stop in found if index == first)
+            self.text = self.text[:first]
             self.stopped = True
         return self.stopped
 

@@ -55,6 +55,8 @@ class FusedRunner(Runner):
     """The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared ``Runner``;
     this class converts the mask to GroupQueryAttention's additive bias, binds and runs."""
 
+    _slot_axis = 4  # the cache is [layers, 2, 1, kv_heads, slots, head_dim]
+
     def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
                  threads: int | None = None, session=None, kept_ids=None):
         if spec.graph != "fused":

@@ -167,6 +167,18 @@ class Runner:
             raise NotImplementedError(f"{type(self).__name__} cannot snapshot its KV cache")
         return count * (self._slot_bytes + 8)
 
+    _slot_axis: int = 3  # the axis of the host cache (and of a ``_kv_rows`` copy) that counts slots
+
+    def kv_layout(self, count: int) -> tuple:
+        """(shape, dtype) of a ``snapshot`` of ``count`` slots' keys/values (NotImplementedError: this backend
+        cannot snapshot). What a saved slot file must hold to be restored here (decoding/slot_file.py)."""
+        cache = getattr(self, "cache", None)
+        if cache is None or self._slot_bytes is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot snapshot its KV cache")
+        shape = list(cache.shape)
+        shape[self._slot_axis] = count
+        return tuple(shape), cache.dtype
+
     def snapshot(self) -> "KVSnapshot":
         """A host copy of the cache's chain prefix (slots at positions 0, 1, ...) with the token ids it holds."""
         count = self.length

@@ -36,12 +36,31 @@ def providers_for(provider: str) -> list:
     wanted = PROVIDERS[provider][0]
     wanted = wanted[0] if isinstance(wanted, tuple) else wanted
     if wanted not in ort.get_available_providers():
-        package = "onnxruntime-gpu" if provider in ("cuda", "tensorrt") else "onnxruntime"
-        raise ValueError(
-            f"provider {provider} requested but onnxruntime has no {wanted}: install {package}"
-            + (" (and TensorRT)" if provider == "tensorrt" else "")
-        )
+        raise ValueError(f"provider {provider} requested but onnxruntime has no {wanted}: {_provider_fix(provider)}")
     return PROVIDERS[provider]
+
+
+def _provider_fix(provider: str) -> str:
+    """What to do about a missing provider. Both onnxruntime wheels write the same ``onnxruntime`` package: with the
+    CPU wheel installed beside onnxruntime-gpu (specdec requires onnxruntime, the [gpu] extra adds the other), the
+    CPU wheel's files can shadow the GPU one's, and the import has no CUDA provider although onnxruntime-gpu is
+    installed."""
+    from importlib import metadata
+
+    if provider not in ("cuda", "tensorrt"):
+        return "install onnxruntime"
+    installed = set()
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            metadata.version(name)
+            installed.add(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if installed == {"onnxruntime", "onnxruntime-gpu"}:
+        return ("both onnxruntime (the CPU wheel) and onnxruntime-gpu are installed and the CPU wheel's files shadow "
+                "the GPU one's: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu "
+                "(docs/nvidia.md)")
+    return "install onnxruntime-gpu" + (" (and TensorRT)" if provider == "tensorrt" else "")
 
 
 _GLOBAL_POOL: dict = {}

@@ -3,7 +3,8 @@
 Each wire dialect is one module of ``serving/dialects`` that mounts its routes over the shared ``Engine``
 (serving/jobs.py): OpenAI's chat completions, completions and models (``dialects/openai.py``, also without the
 ``/v1`` prefix), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health`` and ``/metrics``
-(Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for
+(Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``; on
+llama-server's routes its shape, whose ``code`` is the HTTP status, with OpenAI's ``param``): 400 for
 bad input (each bad field named), 404 for an unknown route (or model, with ``strict_model``), 429 (queue full)
 / 503 (shutting down) with ``Retry-After``, 499 when the client went away before its answer, 500 for a
 failure of the server itself. Generation runs in the pool's worker threads; a client that goes away cancels
@@ -44,10 +45,13 @@ class ServerOptions:
     strict_model: bool = False
     shutdown_grace: float = 10.0  # seconds running requests may take to finish at shutdown
     retry_after: int = 1  # seconds, sent with 429 / 503
+    slot_save_path: str | None = None  # the folder llama-server's slot save / restore use (None: those are 501)
 
     def __post_init__(self):
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
             raise ValueError("model names must be non-empty")
+        if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
+            raise ValueError(f"the slot save path {self.slot_save_path} is not a directory")
         object.__setattr__(self, "aliases", tuple(dict.fromkeys(a for a in self.aliases if a != self.model_name)))
         if not self.shutdown_grace >= 0:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")

@@ -37,6 +37,8 @@ class Prepared:
     options: GenerationOptions
     time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
     sources: bool = False  # pieces carry which proposer each token came from (``Piece.spans``)
+    worker: int | None = None  # the one worker that must run it (llama-server's id_slot; None: routed)
+    stats: GenerationStats = field(default_factory=GenerationStats)  # filled as it runs (GET /slots reads it)
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Piece:
     text: str
     logprobs: list | None = None
     spans: list | None = None  # [(text, source)], concatenating to ``text``; source: "draft" | "suffix" | ... | "target"
+    token_ids: list = field(default_factory=list)  # the tokens committed since the previous piece
 
 
 @dataclass
@@ -57,6 +60,8 @@ class Done:
     last_token: int | None = None
     logprobs: list | None = None  # with logprobs: the entries no Piece carried (the end token's excluded)
     output_ids: list = field(default_factory=list)  # every token generated (the end token included)
+    stopping_word: str = ""  # the stop string that ended it (finish "stop" on text), else ""
+    cache_tokens: int = 0  # tokens the worker's target cache holds once it ended (llama-server's tokens_cached)
 
 
 def piece_text(item) -> str:
@@ -107,13 +112,13 @@ def stream_work(prepared: Prepared, codec):
     """The job a worker runs: the decoder's stream as ``Piece``s, then the request's ``Done``."""
 
     def run(decoder):
-        stats = GenerationStats()
+        stats = prepared.stats
         options = prepared.options
         stream = decoder.stream(prepared.prompt_ids, options, stats=stats)
         finish, first_piece, newline = None, None, False
         with_logprobs = options.logprobs is not None
         spans = SourceSpans(codec) if prepared.sources else None
-        sent = 0
+        sent = given = 0  # logprob entries, token ids handed out so far
 
         def answer_logprobs() -> list:
             """The logprobs so far, without a final end-of-turn token (not part of the answer)."""
@@ -125,7 +130,8 @@ def stream_work(prepared: Prepared, codec):
 
         try:
             for text in stream:
-                piece = Piece(text)
+                piece = Piece(text, token_ids=list(stream.token_ids[given:]))
+                given += len(piece.token_ids)
                 if with_logprobs:
                     entries = answer_logprobs()
                     piece.logprobs, sent = entries[sent:], len(entries)
@@ -142,7 +148,8 @@ def stream_work(prepared: Prepared, codec):
             stream.close()
         ids = list(stream.token_ids)
         rest = answer_logprobs()[sent:] if with_logprobs else None
-        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids)
+        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids,
+                   getattr(stream, "stopping_word", ""), getattr(getattr(decoder, "target", None), "length", 0))
 
     return run
 
@@ -163,25 +170,32 @@ class Engine:
         return max(1, self.decoder.max_context - len(prompt_ids) - 1 - DRAFT_ROOM)
 
     def prepare(self, prompt_ids: list, options: GenerationOptions, names: dict, budget_given: bool = True,
-                sources: bool = False, prompt_field: str | None = None) -> Prepared:
-        """The decoder's own checks (``make_request``) on these options; a refusal is a 400 naming the field."""
+                sources: bool = False, prompt_field: str | None = None, worker: int | None = None) -> Prepared:
+        """The decoder's own checks (``make_request``) on these options; a refusal is a 400 naming the field.
+        ``worker``: the one worker that must run it (None: the pool routes it)."""
         try:
             self.decoder.validate(prompt_ids, options)
         except ValueError as exc:
             raise option_error(exc, names, budget_given, prompt_field) from None
-        return Prepared(list(prompt_ids), options, sources=sources)
+        return Prepared(list(prompt_ids), options, sources=sources, worker=worker)
 
-    async def start(self, prepared: Prepared, request: Request, names: dict):
-        """Queue the job on the worker whose cache shares the most of its prompt, and wait for its first item
-        (so bad requests still get a 400, not a broken stream)."""
+    def submit(self, work, **where):
+        """``pool.submit(work, **where)``; a full queue is a 429, a pool shutting down a 503 (with Retry-After)."""
         retry = self.options.retry_after
         try:
-            job = self.pool.submit(stream_work(prepared, self.codec), prompt_ids=prepared.prompt_ids)
+            return self.pool.submit(work, **where)
         except PoolBusy as exc:
             raise APIError(429, f"server busy: {exc}; retry later", code="queue_full", kind="rate_limit_error",
                            retry_after=retry) from None
         except PoolClosed as exc:
             raise APIError(503, str(exc), code="shutting_down", kind="server_error", retry_after=retry) from None
+
+    async def start(self, prepared: Prepared, request: Request, names: dict):
+        """Queue the job on the worker whose cache shares the most of its prompt, and wait for its first item
+        (so bad requests still get a 400, not a broken stream)."""
+        retry = self.options.retry_after
+        job = self.submit(stream_work(prepared, self.codec), prompt_ids=prepared.prompt_ids, worker=prepared.worker,
+                          request=prepared)
         try:
             first = await self.next_item(job, request, [time.monotonic()])
         except JobCancelled:

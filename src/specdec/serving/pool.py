@@ -9,8 +9,11 @@ Cancelling a job (client gone, shutdown) makes its worker close the iterator aft
 
 Routing: jobs start in arrival order; a job that names its prompt's token ids goes to the free worker
 whose KV cache already holds the longest prefix of them (``decoder.cached_prefix``), so a conversation's
-next turn, or an editor's next infill on the same file, computes only what is new. Boundary: no HTTP
-here (jobs.py and the dialects).
+next turn, or an editor's next infill on the same file, computes only what is new. A job *pinned* to a worker
+(``submit(..., worker=i)``: llama-server's ``id_slot``, a slot's save / restore / erase) waits for that worker
+and runs on no other, after what it is running now: a slot action never races a generation. Each worker
+remembers its last job (``last_jobs``: what ``GET /slots`` reports). Boundary: no HTTP here (jobs.py and the
+dialects).
 """
 
 from __future__ import annotations
@@ -59,11 +62,14 @@ class Job:
     """One request's work and the asyncio side of its results."""
 
     def __init__(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop,
-                 prompt_ids: Sequence[int] | None = None):
+                 prompt_ids: Sequence[int] | None = None, pinned: int | None = None, task_id: int = 0):
         self.work = work
         self.loop = loop
         self.prompt_ids = prompt_ids  # for routing to the worker whose cache shares the most (None: any)
+        self.pinned = pinned  # the only worker that may run it (None: any)
+        self.task_id = task_id  # the pool's serial number of this job (llama-server's id_task)
         self.worker: int | None = None  # the index of the worker that took it
+        self.request = None  # what the submitter wants /slots to see of it (serving/jobs.py: its Prepared)
         self.items: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.monotonic()
@@ -108,22 +114,32 @@ class DecoderPool:
         self.closed = False
         self.cancelled_jobs = 0
         self.routed_to_cache = 0  # jobs given to a worker whose cache already held part of their prompt
+        self.last_jobs: list = [None] * len(self.decoders)  # worker index -> the job it runs or ran last
+        self._tasks = 0  # jobs submitted so far (each job's task_id)
         self._threads = [threading.Thread(target=self._serve, args=(i,), name=f"specdec-worker-{i}", daemon=True)
                          for i in range(len(self.decoders))]
         for thread in self._threads:
             thread.start()
 
     def submit(self, work: Callable[[object], Iterator], loop: asyncio.AbstractEventLoop | None = None,
-               prompt_ids: Sequence[int] | None = None) -> Job:
+               prompt_ids: Sequence[int] | None = None, worker: int | None = None, request=None) -> Job:
         """Queue ``work``; PoolBusy when every worker is busy and ``max_queue`` jobs already wait.
-        ``prompt_ids``: the request's prompt, to route it to the free worker that has most of it cached."""
-        job = Job(work, loop or asyncio.get_running_loop(), prompt_ids)
+        ``prompt_ids``: the request's prompt, to route it to the free worker that has most of it cached;
+        ``worker``: the index of the one worker that must run it (it waits for that worker; None: any);
+        ``request``: what ``last_jobs`` shows of it (``Job.request``)."""
+        if worker is not None and (isinstance(worker, bool) or not isinstance(worker, int)
+                                   or not 0 <= worker < len(self.decoders)):
+            raise ValueError(f"worker must be an index in 0..{len(self.decoders) - 1}, got {worker!r}")
+        job = Job(work, loop or asyncio.get_running_loop(), prompt_ids, worker)
+        job.request = request
         with self._lock:
             if self.closed:
                 raise PoolClosed("the server is shutting down")
             if self.waiting + self.busy >= self.options.workers + self.options.max_queue:
                 raise PoolBusy(f"all {self.options.workers} workers are busy and {self.waiting} requests wait "
                                f"(--max-queue {self.options.max_queue})")
+            self._tasks += 1
+            job.task_id = self._tasks
             self.waiting += 1
             self._active.add(job)
             self._pending.append(job)
@@ -131,20 +147,34 @@ class DecoderPool:
         return job
 
     def _dispatch(self) -> None:
-        """Give the oldest pending jobs to free workers, each to the one sharing the longest prompt prefix
-        (the lowest index on a tie). Called with the lock held; a free worker's decoder is idle, so asking
-        its cache is safe."""
-        while self._pending and not self._stopping:
-            free = [i for i, job in enumerate(self._assigned) if job is None]
+        """Give pending jobs, oldest first, to free workers: a pinned job to its worker once that one is free (it
+        lets younger jobs pass meanwhile), any other to the free worker sharing the longest prompt prefix (the
+        lowest index on a tie). Called with the lock held; a free worker's decoder is idle, so asking its cache is
+        safe."""
+        if self._stopping:
+            return
+        for job in list(self._pending):
+            free = [i for i, held in enumerate(self._assigned) if held is None]
             if not free:
                 return
-            job = self._pending.popleft()
-            shared = {i: self._cached_prefix(i, job.prompt_ids) for i in free}
-            best = max(free, key=lambda i: (shared[i], -i))
-            self.routed_to_cache += shared[best] > 0
+            if job.pinned is not None:
+                if job.pinned not in free:
+                    continue
+                best = job.pinned
+            else:
+                shared = {i: self._cached_prefix(i, job.prompt_ids) for i in free}
+                best = max(free, key=lambda i: (shared[i], -i))
+                self.routed_to_cache += shared[best] > 0
+            self._pending.remove(job)
             job.worker = best
             self._assigned[best] = job
+            self.last_jobs[best] = job
             self._wake[best].notify()
+
+    def worker_states(self) -> list:
+        """Per worker: (whether it runs a job now, the job it runs or ran last, or None)."""
+        with self._lock:
+            return [(held is not None, last) for held, last in zip(self._assigned, self.last_jobs)]
 
     def _cached_prefix(self, index: int, prompt_ids) -> int:
         if not prompt_ids:

@@ -1,7 +1,9 @@
 """What every wire dialect shares: strict request models, errors, and the decoder's refusals in a client's words.
 
 Requests are pydantic models in strict mode that forbid unknown fields: a wrong type, an out-of-range value or
-an unknown field is a 400 naming every bad field. What a combination of fields means (the context, the token
+an unknown field is a 400 naming every bad field. Every request model derives from ``WireModel``, which checks
+every string of a body (keys included) before anything reads it: valid JSON can carry a lone surrogate
+("\\ud800") that no tokenizer, grammar engine or JSON answer takes, and such text is a 400 naming the field. What a combination of fields means (the context, the token
 budget, a tree with a proposer) is checked once, by the decoder (``GenerationOptions`` and ``make_request``);
 its ``GenerationError`` names the option at fault (``error.option``), which ``option_error`` turns into the
 dialect's field through the dialect's table of names, without reading the message. Each dialect renders an
@@ -15,17 +17,53 @@ import re
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
 
 from specdec.contract.limits import MAX_STOP_STRINGS
-from specdec.decoding.options import ContextLengthError
+from specdec.decoding.options import ContextLengthError, GenerationError, check_text
 from specdec.sampling.processors import SamplingConfig, SamplingError
 
 # what a generating route reserves for one round's proposals when the client leaves the token budget open
 DRAFT_ROOM = 64
 
 
-class Strict(BaseModel):
+def first_bad_text(value, path: tuple = ()) -> tuple | None:
+    """(the path of the first string in ``value`` that is not valid text, what is wrong), or None. A bad key is
+    reported at its object's path (the key itself cannot be shown)."""
+    if isinstance(value, str):
+        try:
+            check_text(value, "text")
+        except GenerationError as exc:
+            return path, exc.problem
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and (bad := first_bad_text(key, path)) is not None:
+                return path, f"has a key that {bad[1]}"
+            if (bad := first_bad_text(item, (*path, str(key)))) is not None:
+                return bad
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if (bad := first_bad_text(item, (*path, str(index)))) is not None:
+                return bad
+    return None
+
+
+class WireModel(BaseModel):
+    """The base of every request body: each string in it, keys included, is text a tokenizer takes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_texts(cls, data):
+        bad = first_bad_text(data)
+        if bad is not None:
+            raise PydanticCustomError("invalid_text", "{problem}", {"field": list(bad[0]), "problem": bad[1]})
+        return data
+
+
+class Strict(WireModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -70,6 +108,9 @@ def check_stops(value):
     return value
 
 
+StopStrings = Annotated[str | list[str], AfterValidator(check_stops)]  # every dialect's ``stop`` field
+
+
 def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
     """One message naming every bad field (``temperature: ...; messages.0.role: ...``), and the first field.
 
@@ -82,6 +123,8 @@ def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
         location = [str(p) for p in error.get("loc", ()) if p != "body"]
         # drop pydantic's tags for union alternatives ("str", "list[str]", "constrained-int", "literal['auto']")
         location = [p for p in location if not _UNION_TAG.fullmatch(p)]
+        if error.get("type") == "invalid_text":  # WireModel's check: the path inside the model it checked
+            location += (error.get("ctx") or {}).get("field", [])
         name = ".".join(location) or "body"
         message = "unknown field" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
         message = message.removeprefix("Value error, ")

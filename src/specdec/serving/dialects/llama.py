@@ -1,19 +1,27 @@
-"""llama-server's native dialect: ``/infill`` (fill-in-the-middle, as editor plugins such as llama.vscode send it).
+"""llama-server's native dialect: ``/completion`` (also ``/completions``, as llama-server maps both to its native
+handler), ``/infill`` (fill-in-the-middle, as editor plugins such as llama.vim and llama.vscode send it), and the
+routes of ``llama_info.py`` (``/props``, ``/tokenize``, ``/detokenize``) and ``llama_slots.py`` (``/slots``).
 
-Its request fields (``input_prefix``, ``n_predict``, ``t_max_predict_ms``, ``n_probs`` ...), its answer
-(``content``, ``stop``, ``stop_type``, ``tokens_cached``, ``timings``, ``completion_probabilities``), its stream
-(``data: {"content": ...}`` lines, the last with ``"stop": true``; no ``[DONE]``). Fields llama.cpp knows and
-specdec does not use are accepted and listed in the answer's ``specdec.ignored_fields``.
+Request fields are llama-server's (``n_predict``, ``n_probs``, ``id_slot``, ``t_max_predict_ms``, ``response_fields``
+...; llama_models.py), its answer (``content``, ``tokens``, ``stop``, ``stop_type``, ``stopping_word``,
+``tokens_cached``, ``timings`` with ``cache_n`` and ``draft_n``, ``completion_probabilities``), its stream (``data:
+{"content": ...}`` lines, the last with ``"stop": true``; no ``[DONE]``). Fields llama.cpp knows and specdec does
+not use are accepted and listed in the answer's ``specdec.ignored_fields``.
+
+Errors on these routes have one shape that clients of both servers read: llama-server's ``{"error": {"code":
+<HTTP status>, "message", "type"}}`` (its type names: ``invalid_request_error``, ``not_supported_error``,
+``unavailable_error``, ``exceed_context_size_error`` ...) plus OpenAI's ``param`` (the field at fault).
 """
 
 from __future__ import annotations
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from specdec.decoding.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.options import GenerationError, GenerationOptions
-from specdec.serving.dialects.llama_models import InfillRequest
+from specdec.serving.dialects import llama_info, llama_slots
+from specdec.serving.dialects.llama_models import CompletionRequest, InfillRequest, LlamaGeneration
 from specdec.serving.dialects.openai import logprob_entry, specdec_fields
 from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
@@ -23,29 +31,59 @@ INFILL_RESERVE = 256  # tokens an /infill with n_predict=-1 keeps free for the m
 
 # decoder option -> llama-server's field
 NAMES = {"max_new_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "prefix": "input_prefix",
-         "suffix": "input_suffix", "extra": "input_extra", "logprobs": "n_probs"}
+         "suffix": "input_suffix", "extra": "input_extra", "logprobs": "n_probs", "prompt": "prompt"}
+
+LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+PATHS = {"/infill", "/completion", "/completions", "/tokenize", "/detokenize", "/props", "/slots"}
+
+
+def owns_errors(path: str) -> bool:
+    return path in PATHS or path.startswith("/slots/")
+
+
+def error_body(status: int, message: str, param=None, code=None, kind: str = "invalid_request_error") -> dict:
+    """llama-server's error object (``code``: the HTTP status; its ``type`` names) with OpenAI's ``param``."""
+    kind = "exceed_context_size_error" if code == "context_length_exceeded" else LLAMA_TYPES.get(status, kind)
+    return {"error": {"code": status, "message": message, "type": kind, "param": param}}
+
+
+def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None):
+    return JSONResponse(error_body(status, message, param, code, kind), status_code=status, headers=headers)
+
+
+def error_lines(message: str, code: str | None) -> list:
+    return [sse(error_body(503 if code == "shutting_down" else 500, message, kind="server_error"))]
+
+
+def stop_type(done: Done, stop_ids: set) -> str:
+    if done.finish == "eos" or (done.finish == "stop" and done.last_token in stop_ids):
+        return "eos"
+    return "word" if done.finish == "stop" else "limit"
+
+
+def timings(done: Done) -> dict:
+    """llama-server's ``timings``: prompt tokens computed and reused, decode speed, draft tokens proposed/accepted."""
+    stats = done.stats
+    computed = stats.prompt_tokens - stats.cached_tokens
+    prompt_ms, predicted_ms = stats.prefill_seconds * 1000.0, stats.decode_seconds * 1000.0
+    return {"cache_n": stats.cached_tokens, "prompt_n": computed, "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_token_ms": round(prompt_ms / computed, 3) if computed else 0.0,
+            "prompt_per_second": round(computed / stats.prefill_seconds, 2) if stats.prefill_seconds else 0.0,
+            "predicted_n": stats.new_tokens, "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_token_ms": round(predicted_ms / stats.new_tokens, 3) if stats.new_tokens else 0.0,
+            "predicted_per_second": round(stats.tokens_per_s, 2),
+            "draft_n": stats.proposed, "draft_n_accepted": stats.accepted}
 
 
 def llama_answer(text: str, done: Done, stop_ids: set, model: str, ignored: list) -> dict:
-    """llama-server's completion answer (its /infill and /completion shape) for a finished request."""
+    """llama-server's final completion answer (``/completion`` and ``/infill``) for a finished request."""
     stats = done.stats
-    cached = stats.cached_tokens
-    computed = stats.prompt_tokens - cached
-    prompt_ms, predicted_ms = stats.prefill_seconds * 1000.0, stats.decode_seconds * 1000.0
-    if done.finish == "eos" or (done.finish == "stop" and done.last_token in stop_ids):
-        stop_type = "eos"
-    else:
-        stop_type = "word" if done.finish == "stop" else "limit"
-    timings = {"cache_n": cached, "prompt_n": computed, "prompt_ms": round(prompt_ms, 3),
-               "prompt_per_token_ms": round(prompt_ms / computed, 3) if computed else 0.0,
-               "prompt_per_second": round(computed / stats.prefill_seconds, 2) if stats.prefill_seconds else 0.0,
-               "predicted_n": stats.new_tokens, "predicted_ms": round(predicted_ms, 3),
-               "predicted_per_token_ms": round(predicted_ms / stats.new_tokens, 3) if stats.new_tokens else 0.0,
-               "predicted_per_second": round(stats.tokens_per_s, 2),
-               "draft_n": stats.proposed, "draft_n_accepted": stats.accepted}
     return {"index": 0, "content": text, "stop": True, "model": model, "tokens_predicted": stats.new_tokens,
-            "tokens_evaluated": stats.prompt_tokens, "tokens_cached": cached, "stop_type": stop_type,
-            "timings": timings, "specdec": {**specdec_fields(done), "ignored_fields": ignored}}
+            "tokens_evaluated": stats.prompt_tokens, "tokens_cached": done.cache_tokens,
+            "stop_type": stop_type(done, stop_ids), "stopping_word": done.stopping_word,
+            "has_new_line": "\n" in text, "truncated": False, "timings": timings(done),
+            "specdec": {**specdec_fields(done), "ignored_fields": ignored}}
 
 
 def llama_probs(codec, entries) -> list:
@@ -58,11 +96,24 @@ def llama_probs(codec, entries) -> list:
     return out
 
 
-def error_lines(message: str, code: str | None) -> list:
-    return [sse({"error": {"code": 500, "message": message, "type": "server_error"}})]
+def nested_values(paths: list, answer: dict) -> dict:
+    """llama-server's ``response_fields``: only these fields, a path with slashes unnested under its own name
+    (``"timings/prompt_n"`` -> ``{"timings/prompt_n": ...}``); a missing one is left out."""
+    out = {}
+    for path in paths:
+        value, found = answer, True
+        for key in path.split("/"):
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+            else:
+                found = False
+                break
+        if found:
+            out[path] = value
+    return out
 
 
-def options_of(body, max_new: int, names: dict, **more) -> GenerationOptions:
+def options_of(body: LlamaGeneration, max_new: int, names: dict, **more) -> GenerationOptions:
     """A llama.cpp body's generation fields as a ``GenerationOptions``."""
     constraint = None
     for field in ("grammar", "json_schema"):
@@ -82,28 +133,101 @@ def options_of(body, max_new: int, names: dict, **more) -> GenerationOptions:
                                  num_draft_tokens=body.num_draft_tokens, seed=None if body.seed == -1 else body.seed,
                                  stop=[body.stop] if isinstance(body.stop, str) else list(body.stop),
                                  proposer=body.proposer, constraint=constraint,
-                                 logprobs=body.n_probs or None, **more)
+                                 logprobs=body.top_alternatives()[1] or None, **more)
     except GenerationError as exc:
         raise option_error(exc, names) from None
 
 
-class Infill:
-    """``POST /infill``."""
+class Generation:
+    """What ``/completion`` and ``/infill`` share: the client's names for the options, the slot, the job, and the
+    answer (one JSON object, or a stream of ``data:`` lines) in llama-server's shape."""
 
     def __init__(self, engine: Engine, server):
         self.engine, self.server = engine, server
 
-    async def create(self, body: InfillRequest, request: Request):
-        model = self.server.answer_model(body.model) if body.model is not None else self.server.model_name
+    @staticmethod
+    def names(body: LlamaGeneration) -> dict:
+        return {**NAMES, "max_new_tokens": body.budget()[0], "logprobs": body.top_alternatives()[0]}
+
+    def slot(self, body: LlamaGeneration) -> int | None:
+        """The worker ``id_slot`` names (None: -1, the pool routes the request)."""
+        workers = self.engine.pool.options.workers
+        if body.id_slot == -1:
+            return None
+        if body.id_slot >= workers:
+            raise APIError(400, f"id_slot: must be -1 or a slot id in 0..{workers - 1}", param="id_slot")
+        return body.id_slot
+
+    def ignored(self, body: LlamaGeneration) -> list:
+        return body.ignored_fields + ([] if body.cache_prompt else ["cache_prompt"])  # reuse is exact: always on
+
+    async def answer(self, body: LlamaGeneration, request: Request, ids: list, options: GenerationOptions,
+                     names: dict, budget_given: bool, stop_ids=(), prompt_field: str = "prompt"):
         engine = self.engine
-        ignored = body.ignored_fields + ([] if body.cache_prompt else ["cache_prompt"])  # reuse is exact: always on
-        names = dict(NAMES)
-        extra = [chunk.model_dump() for chunk in body.input_extra]
-        given = body.n_predict >= 0
-        decoder = engine.decoder
+        model = self.server.answer_model(body.model) if body.model is not None else self.server.model_name
+        ignored = self.ignored(body)
+        prepared = engine.prepare(ids, options, names, budget_given, prompt_field=prompt_field,
+                                  worker=self.slot(body))
+        prepared.time_limit = max(0, body.t_max_predict_ms) / 1000.0
+        job, first = await engine.start(prepared, request, names)
+        codec, stop_ids = engine.codec, set(stop_ids)
+        settings = {"n_predict": body.budget()[1], "seed": body.seed, "temperature": body.temperature,
+                    "top_k": body.top_k, "top_p": body.top_p, "min_p": body.min_p,
+                    "repeat_penalty": body.repeat_penalty, "stop": list(options.stop),
+                    "n_probs": options.logprobs or 0, "stream": body.stream, "t_max_predict_ms": body.t_max_predict_ms,
+                    "num_draft_tokens": body.num_draft_tokens, "proposer": body.proposer}
+        decoded = [0]
+
+        def final(text: str, done: Done) -> dict:
+            out = llama_answer(text, done, stop_ids, model, ignored)
+            out.update(id_slot=job.worker, generation_settings=settings,
+                       tokens=done.output_ids if body.return_tokens and not body.stream else [],
+                       prompt=codec.decode(ids, skip_special=False))
+            if done.logprobs:
+                out["completion_probabilities"] = llama_probs(codec, done.logprobs)
+            return nested_values(body.response_fields, out) if body.response_fields is not None else out
+
+        def piece_lines(piece: Piece) -> list:
+            decoded[0] += len(piece.token_ids)
+            line = {"index": 0, "content": piece.text, "tokens": piece.token_ids if body.return_tokens else [],
+                    "stop": False, "id_slot": job.worker, "tokens_predicted": decoded[0], "tokens_evaluated": len(ids)}
+            if piece.logprobs:
+                line["completion_probabilities"] = llama_probs(codec, piece.logprobs)
+            return [sse(line)]
+
+        if body.stream:
+            return StreamingResponse(engine.events(job, first, piece_lines, lambda done: [sse(final("", done))],
+                                                   error_lines), media_type="text/event-stream")
+        text, done, _ = await engine.collect(job, first, request)
+        return final(text, done)
+
+
+class Completion(Generation):
+    """``POST /completion`` and ``/completions``: llama-server's native completion. The prompt is text, token ids,
+    or a list mixing both (tokenized as llama-server does: the tokenizer's BOS only before a first part that is
+    text, special tokens written in the text parsed as such)."""
+
+    async def create(self, body: CompletionRequest, request: Request):
+        names = self.names(body)
+        ids = self.engine.codec.encode_mixed(body.prompt, add_special=True)
+        budget = body.budget()[1]
+        max_new = budget if budget >= 0 else self.engine.open_budget(ids)
+        options = options_of(body, max_new, names)
+        return await self.answer(body, request, ids, options, names, budget >= 0)
+
+
+class Infill(Generation):
+    """``POST /infill``: the prompt laid out as llama-server lays it (decoding/infill.py); the middle ends at EOS or
+    at the tokenizer's FIM markers."""
+
+    async def create(self, body: InfillRequest, request: Request):
+        names = self.names(body)
+        extra = [chunk.model_dump(include={"filename", "text"}) for chunk in body.input_extra]
+        budget = body.budget()[1]
+        decoder, engine = self.engine.decoder, self.engine
         try:
-            if given:
-                max_new = body.n_predict
+            if budget >= 0:
+                max_new = budget
                 ids = decoder.infill_prompt(body.input_prefix, body.input_suffix, extra=extra, prompt=body.prompt,
                                             max_new_tokens=max_new)
             else:  # until EOS or the context is full, keeping room for the middle
@@ -111,70 +235,17 @@ class Infill:
                 ids = decoder.infill_prompt(body.input_prefix, body.input_suffix, extra=extra, prompt=body.prompt,
                                             max_new_tokens=reserve)
                 max_new = engine.open_budget(ids)
-        except GenerationError as exc:  # no FIM tokens, text that is not text, no room
-            raise option_error(exc, names, given, "input_prefix") from None
+        except GenerationError as exc:  # no FIM tokens, no room
+            raise option_error(exc, names, budget >= 0, "input_prefix") from None
         stop_ids = fim_stop_ids(fim_tokens(decoder.manifest, engine.codec))
         options = options_of(body, max_new, names, stop_token_ids=stop_ids)
-        prepared = engine.prepare(ids, options, names, given, prompt_field="input_prefix")
-        prepared.time_limit = body.t_max_predict_ms / 1000.0
-        job, first = await engine.start(prepared, request, names)
-        codec = engine.codec
-
-        def answer(text: str, done: Done) -> dict:
-            out = llama_answer(text, done, set(stop_ids), model, ignored)
-            if done.logprobs is not None:
-                out["completion_probabilities"] = llama_probs(codec, done.logprobs)
-            return out
-
-        def piece_lines(piece: Piece) -> list:
-            line = {"index": 0, "content": piece.text, "stop": False}
-            if piece.logprobs is not None:
-                line["completion_probabilities"] = llama_probs(codec, piece.logprobs)
-            return [sse(line)]
-
-        if body.stream:
-            return StreamingResponse(engine.events(job, first, piece_lines, lambda done: [sse(answer("", done))],
-                                                   error_lines), media_type="text/event-stream")
-        text, done, _ = await engine.collect(job, first, request)
-        return answer(text, done)
-
-
-class Props:
-    """``GET /props``: llama-server's server properties (``default_generation_settings.n_ctx``, ``total_slots``,
-    ``model_alias``, ``chat_template`` ...) and specdec's own (``specdec``: the KV caches, the RAM prompt cache, the
-    proposers, whether the bundle has a draft)."""
-
-    def __init__(self, engine: Engine, server):
-        self.engine, self.server = engine, server
-
-    async def get(self):
-        from specdec.decoding.chat import ChatTemplateError, chat_template_of
-        from specdec.decoding.proposers import proposer_names
-
-        decoder, pool = self.engine.decoder, self.engine.pool
-        try:
-            template = chat_template_of(decoder).source
-        except ChatTemplateError:
-            template = ""
-        manifest = decoder.manifest
-        cache = decoder.prompt_cache
-        return {
-            "default_generation_settings": {"n_ctx": decoder.max_context, "params": {}},
-            "total_slots": pool.options.workers, "model_alias": self.server.model_name,
-            "model_path": str(decoder.bundle_dir.name), "chat_template": template,
-            "modalities": {"vision": False, "audio": False},
-            "specdec": {
-                "max_context": decoder.max_context, "workers": pool.options.workers,
-                "has_draft": decoder.draft is not None, "proposers": list(proposer_names()),
-                "kv_dtype": {role: spec.kv_dtype for role, spec in manifest.models().items()},
-                "quant": {role: spec.quant for role, spec in manifest.models().items()},
-                "prompt_cache_mib": round(cache.capacity / 2**20, 1) if cache is not None else 0,
-                "suffix_cache_mib": round(decoder.suffix_cache.max_tokens * 4 / 2**20, 1)
-                if decoder.suffix_cache is not None else 0,
-            },
-        }
+        return await self.answer(body, request, ids, options, names, budget >= 0, stop_ids, "input_prefix")
 
 
 def mount(app, engine: Engine, server) -> None:
+    completion = Completion(engine, server)
+    for path in ("/completion", "/completions"):  # llama-server: both are its native completion (not OpenAI's)
+        app.add_api_route(path, completion.create, methods=["POST"])
     app.add_api_route("/infill", Infill(engine, server).create, methods=["POST"])
-    app.add_api_route("/props", Props(engine, server).get, methods=["GET"])
+    llama_info.mount(app, engine, server)
+    llama_slots.mount(app, engine, server)

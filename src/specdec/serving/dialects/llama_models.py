@@ -1,55 +1,134 @@
-"""llama-server's native request bodies (``/infill``), as pydantic models typed strictly where specdec reads them."""
+"""llama-server's native request bodies (``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``, slot actions).
+
+The fields specdec reads are typed strictly (a wrong type or range is a 400 naming the field); other fields
+llama.cpp knows (``samplers``, ``n_indent``, ``mirostat``, an ``input_extra`` chunk's ``time`` ...) are tolerated
+and listed in the answer's ``specdec.ignored_fields``, as llama-server ignores what it does not know. ``/completion``
+and ``/infill`` share their generation fields (``LlamaGeneration``), typed the same way. Aliases are llama-server's:
+``n_predict`` is also ``max_tokens`` / ``max_completion_tokens``, ``n_probs`` is also ``logprobs``.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS
 from specdec.serving.dialects.openai_models import ProposerName
-from specdec.serving.wire import Strict, check_stops
+from specdec.serving.wire import StopStrings, WireModel
+
+Budget = Annotated[int, Field(ge=-1)]  # -1: until EOS or the context is full; 0: prefill only (a warm-up)
+TokenId = Annotated[int, Field(ge=0)]
 
 
-class InfillChunk(Strict):
-    filename: str = "tmp"
-    text: str = ""
-
-
-class InfillRequest(BaseModel):
-    """llama-server's ``POST /infill`` body. Fields llama.cpp knows and specdec does not (``n_probs``,
-    ``mirostat``, ``id_slot``, ...) are tolerated and listed in the answer's ``specdec.ignored_fields``;
-    the fields below are typed strictly (a wrong type or range is a 400 naming the field)."""
+class LlamaBody(WireModel):
+    """A llama-server body: unknown fields are kept aside (``ignored_fields``), known ones typed strictly."""
     model_config = ConfigDict(extra="allow", strict=True)
 
-    input_prefix: str = ""
-    input_suffix: str = ""
-    input_extra: list[InfillChunk] = []
-    prompt: str = ""  # text after the prefix, inside the FIM frame (llama.cpp's layout)
-    n_predict: Annotated[int, Field(ge=-1)] = -1  # -1: until EOS or the context is full; 0: prefill only (warm-up)
-    t_max_predict_ms: Annotated[int, Field(ge=0)] = 0  # stop once this long after the first token and a newline
+    @property
+    def ignored_fields(self) -> list:
+        return sorted(self.model_extra or ())
+
+
+class LlamaGeneration(LlamaBody):
+    """The generation fields ``/completion`` and ``/infill`` share (llama.cpp's defaults)."""
+    n_predict: Budget = -1
+    max_tokens: Budget | None = None  # llama-server's aliases of n_predict
+    max_completion_tokens: Budget | None = None
+    t_max_predict_ms: Annotated[int, Field(ge=-1)] = 0  # stop once this long after the first token and a newline
     cache_prompt: bool = True
-    stop: str | list[str] = []
+    stop: StopStrings = []
     stream: bool = False
-    temperature: Annotated[float, Field(ge=0.0)] = 0.8  # llama.cpp's defaults
+    temperature: Annotated[float, Field(ge=0.0)] = 0.8
     top_k: Annotated[int, Field(ge=0)] = 40
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
     min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
     seed: Annotated[int, Field(ge=-1, le=MAX_SEED)] = -1  # -1: fresh randomness
+    n_probs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0  # alternatives per token (completion_probabilities)
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # llama-server's alias of n_probs
+    id_slot: Annotated[int, Field(ge=-1)] = -1  # the slot (worker) to run on; -1: the server chooses
+    return_tokens: bool = False  # the answer's "tokens": the generated ids
+    response_fields: list[str] | None = None  # only these fields of the answer ("timings/prompt_n" unnests)
+    n_cmpl: int = 1
+    n: int = 1  # llama-server's alias of n_cmpl
     model: str | None = None
     # specdec extensions
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
     proposer: ProposerName | None = None
     grammar: str | None = None  # GBNF
     json_schema: dict | None = None
-    n_probs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0  # alternatives per token in completion_probabilities
 
-    @field_validator("stop")
+    @field_validator("n_cmpl", "n")
     @classmethod
-    def _stop_strings(cls, value):
-        return check_stops(value)
+    def _one_completion(cls, value):
+        if value != 1:
+            raise ValueError("only 1 completion per request")
+        return value
+
+    def budget(self) -> tuple[str, int]:
+        """(the field the client gave the token budget in, its value): n_predict, else an alias."""
+        for name in ("n_predict", "max_tokens", "max_completion_tokens"):
+            if name in self.model_fields_set and getattr(self, name) is not None:
+                return name, getattr(self, name)
+        return "n_predict", self.n_predict
+
+    def top_alternatives(self) -> tuple[str, int]:
+        """(the field giving the alternatives per token, its value): n_probs, else its alias logprobs."""
+        if "n_probs" not in self.model_fields_set and self.logprobs is not None:
+            return "logprobs", self.logprobs
+        return "n_probs", self.n_probs
+
+
+class InfillChunk(LlamaBody):
+    """One ``input_extra`` chunk (``text`` required, as llama-server has it); other keys (llama.vim's ``time``) are
+    tolerated as llama-server does."""
+    filename: str = "tmp"
+    text: str
+
+
+class InfillRequest(LlamaGeneration):
+    """``POST /infill``: the code before and after the cursor, other files, and the text that continues the prefix."""
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillChunk] = []
+    prompt: str = ""  # text after the prefix, inside the FIM frame (llama.cpp's layout)
 
     @property
     def ignored_fields(self) -> list:
-        return sorted(self.model_extra or ())
+        chunks = {f"input_extra.{key}" for chunk in self.input_extra for key in chunk.ignored_fields}
+        return sorted(set(super().ignored_fields) | chunks)
+
+
+class CompletionRequest(LlamaGeneration):
+    """``POST /completion`` (and ``/completions``): a text prompt, token ids, or a list mixing both."""
+    prompt: str | list[TokenId | str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("is empty: give some text or token ids")
+            if len(value) > 1 and all(isinstance(part, str) for part in value):
+                raise ValueError("a list of strings is several prompts: one prompt per request (mix token ids "
+                                 "and strings in one list for a single prompt)")
+        return value
+
+
+class TokenizeRequest(LlamaBody):
+    """``POST /tokenize``."""
+    content: str | list[TokenId | str] = ""
+    add_special: bool = False  # the tokenizer's BOS (before a first part that is text)
+    parse_special: bool = True  # special tokens written in the text are those tokens (False: plain text)
+    with_pieces: bool = False  # each id with its text (or its bytes when they are not UTF-8)
+
+
+class DetokenizeRequest(LlamaBody):
+    """``POST /detokenize``."""
+    tokens: list[TokenId] = []
+
+
+class SlotFileRequest(LlamaBody):
+    """``POST /slots/{id}?action=save|restore``: the file, a name inside ``--slot-save-path``."""
+    filename: str | None = None

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS
 from specdec.decoding.proposers import proposer_names
-from specdec.serving.wire import Strict, check_stops
+from specdec.serving.wire import StopStrings, Strict
 
 ProposerName = Literal[proposer_names()]  # the registry's names (decoding/proposers)
 
@@ -45,7 +45,7 @@ class _GenerationFields(Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: StopStrings | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     user: str | None = None  # accepted and ignored, as by other local servers
     presence_penalty: float = 0.0
@@ -77,11 +77,6 @@ class _GenerationFields(Strict):
         if value != 0:
             raise ValueError("only 0 is supported (use repetition_penalty)")
         return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, value):
-        return check_stops(value)
 
 
 class CompletionRequest(_GenerationFields):

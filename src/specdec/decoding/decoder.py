@@ -178,7 +178,7 @@ class SpeculativeDecoder:
         pieces = self.stream(prompt, options, stats=stats, **changes)
         text = "".join(pieces)
         return GenerationResult(text=text, token_ids=pieces.token_ids, stats=stats, finish_reason=pieces.finish_reason,
-                                logprobs=pieces.logprobs, sources=list(pieces.sources))
+                                logprobs=pieces.logprobs, sources=list(pieces.sources), stop_string=pieces.stop_string)
 
     def stream(self, prompt, options: GenerationOptions | None = None, *, stats: GenerationStats | None = None,
                **changes) -> "TextStream":
@@ -415,6 +415,11 @@ class TextStream:
     def finish_reason(self) -> str | None:
         """None while the request runs; then "eos", "stop" or "length"."""
         return self._state.finish or None
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string the text ended at (finish reason "stop" by a stop string), else None."""
+        return self._state.text.matched if self._state.finish == "stop" else None
 
     @property
     def stats(self) -> GenerationStats:

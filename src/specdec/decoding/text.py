@@ -102,6 +102,7 @@ class StopStrings:
         self.text = ""  # decoded so far (complete characters only), cut at a stop string once found
         self.emitted = 0  # characters of ``text`` already handed out
         self.stopped = False
+        self.matched = None  # the stop string the text was cut at (the first of those starting earliest)
 
     def push(self, token_id: int) -> bool:
         """Add one committed token; True when it completed a stop string (the text now ends before it)."""
@@ -113,9 +114,11 @@ class StopStrings:
             return self.stopped
         # an occurrence can only start in text not yet handed out (what was handed out is no stop's prefix)
         start = self.emitted
-        found = [index for index in (self.text.find(stop, start) for stop in self.stops) if index >= 0]
+        found = [(index, order) for order, index in enumerate(self.text.find(stop, start) for stop in self.stops)
+                 if index >= 0]
         if found:
-            self.text = self.text[: min(found)]
+            index, order = min(found)
+            self.text, self.matched = self.text[:index], self.stops[order]
             self.stopped = True
         return self.stopped
 

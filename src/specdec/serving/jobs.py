@@ -37,6 +37,9 @@ class Prepared:
     options: GenerationOptions
     time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
     sources: bool = False  # pieces carry which proposer each token came from (``Piece.spans``)
+    # filled by the worker as the request runs: once the job's first item is out, the prefill's counts
+    # (``prompt_tokens``, ``cached_tokens``) are final (what a stream's opening event reports)
+    stats: GenerationStats = field(default_factory=GenerationStats)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Done:
     last_token: int | None = None
     logprobs: list | None = None  # with logprobs: the entries no Piece carried (the end token's excluded)
     output_ids: list = field(default_factory=list)  # every token generated (the end token included)
+    stop_string: str | None = None  # the stop string the text ended at (finish "stop" by a stop string)
 
 
 def piece_text(item) -> str:
@@ -107,7 +111,7 @@ def stream_work(prepared: Prepared, codec):
     """The job a worker runs: the decoder's stream as ``Piece``s, then the request's ``Done``."""
 
     def run(decoder):
-        stats = GenerationStats()
+        stats = prepared.stats
         options = prepared.options
         stream = decoder.stream(prepared.prompt_ids, options, stats=stats)
         finish, first_piece, newline = None, None, False
@@ -142,7 +146,8 @@ def stream_work(prepared: Prepared, codec):
             stream.close()
         ids = list(stream.token_ids)
         rest = answer_logprobs()[sent:] if with_logprobs else None
-        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids)
+        yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids,
+                   stream.stop_string)
 
     return run
 

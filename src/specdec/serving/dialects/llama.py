@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from specdec.decoding.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.serving.dialects.llama_models import InfillRequest
-from specdec.serving.dialects.openai import logprob_entry, specdec_fields
+from specdec.serving.answers import logprob_entry, specdec_fields
 from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, option_error, sampling_config, sse

@@ -29,7 +29,8 @@ def test_responses_items_become_the_chat_messages_an_agent_would_send():
     """Messages keep role and content (developer -> system; parts -> text parts); a function_call joins the
     assistant message before it (or opens one); a function_call_output answers its call as role "tool"."""
     items = [{"role": "developer", "content": "be brief"},
-             {"role": "user", "content": [{"type": "input_text", "text": "weather "}, {"type": "input_text", "text": "?"}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "weather "},
+                                          {"type": "input_text", "text": "?"}]},
              {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
               "content": [{"type": "output_text", "text": "Let me look.", "annotations": [], "logprobs": []}]},
              {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}',

@@ -1,6 +1,6 @@
-"""Tool calls through the Responses API and Anthropic's Messages API, and the OpenAI Agents SDK running an agent, against
-an in-process server on 127.0.0.1 over the scripted model with Qwen2.5's chat template (test_agents_server.py's: what
-it says is noise, but a required call is guaranteed by the grammar). A required call is the same call on every route;
+"""Tool calls through the Responses API and Anthropic's Messages API, and the OpenAI Agents SDK running an agent,
+against an in-process server on 127.0.0.1 over the scripted model with Qwen2.5's chat template (test_agents_server.py's:
+what it says is noise, but a required call is guaranteed by the grammar). A required call is the same call on every route;
 a call's result sent back renders as the chat route renders it; the Agents SDK runs an agent with one function tool
 (tracing off) and no socket leaves the loopback; a failure mid-stream is an error event in each dialect's shape."""
 
@@ -85,6 +85,25 @@ def test_a_required_call_is_the_same_call_on_every_route(oc, ac, name):
     assert message.stop_reason == "tool_use" and [block.type for block in message.content] == ["tool_use"]
     block = message.content[0]
     assert (block.name, block.input) == (expected[0][0], json.loads(expected[0][1])) and block.id.startswith("toolu_")
+
+
+def test_a_required_call_sets_an_output_format_aside_but_not_a_grammar(oc):
+    """An agent sends its final answer's format on every turn: with a required call the turn is the call (chat's
+    response_format and the Responses API's text.format alike); a grammar cannot be combined with one (400)."""
+    schema = {"type": "object", "properties": {"sky": {"enum": ["sunny", "rainy"]}}, "required": ["sky"]}
+    expected = _chat_call(oc, "required").tool_calls[0].function
+    chat = oc.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120,
+                                      temperature=0, parallel_tool_calls=False, response_format={
+                                          "type": "json_schema", "json_schema": {"name": "sky", "schema": schema}})
+    assert chat.choices[0].message.tool_calls[0].function == expected
+    reply = oc.responses.create(model=MODEL, input=QUESTION, tools=FLAT, tool_choice="required", temperature=0,
+                                parallel_tool_calls=False, max_output_tokens=120,
+                                text={"format": {"type": "json_schema", "name": "sky", "schema": schema}})
+    assert (reply.output[0].name, reply.output[0].arguments) == (expected.name, expected.arguments)
+    with pytest.raises(openai.BadRequestError) as info:
+        oc.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8,
+                                   extra_body={"grammar": 'root ::= "a"'})
+    assert info.value.body["param"] == "tool_choice" and "grammar" in info.value.body["message"]
 
 
 def test_responses_function_tool_round_trip(oc):

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_overhead import free_port, wait_healthy  # noqa: E402
+from serve_overhead import running_server  # noqa: E402
 
 SYSTEM = "You are a careful Python programmer. Answer with code only."
 USER = "Write a function that returns the n-th Fibonacci number."
@@ -93,17 +91,9 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.requests <= 100:
         parser.error("--requests must be in 1..100")
-    port, model = free_port(), "overhead"
-    command = [sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1", "--model-name", model]
-    if args.threads:
-        command += ["--threads", str(args.threads)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, server)
+    with running_server(args.bundle, "overhead", args.threads) as url:
         client = httpx.Client()  # one kept-alive connection pool for every route
-        routes = bodies(model, args.max_tokens)
+        routes = bodies("overhead", args.max_tokens)
         runs = [(route, stream) for stream in (False, True) for route in routes]
         for route, (path, body) in routes.items():  # warm-up: cost calibration, first allocations, the prompt cache
             call(client, url, route, path, body, False)
@@ -114,20 +104,14 @@ def main() -> int:
                 wall, text = call(client, url, route, *routes[route], stream)
                 walls[(route, stream)].append(wall)
                 texts.add(text)
-        print(f"median wall time over {args.requests} requests ({args.max_tokens} tokens max, greedy, one worker)")
-        print(f"{'route':<10} {'mode':<7} {'median':>9} {'vs chat':>8}")
-        for route, stream in runs:
-            median = statistics.median(walls[(route, stream)])
-            base = statistics.median(walls[("chat", stream)])
-            print(f"{route:<10} {'stream' if stream else 'whole':<7} {median:>8.3f}s {median / base:>7.3f}x")
-        print(f"every route answered the same text: {len(texts) == 1}")
-        return 0 if len(texts) == 1 else 1
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    print(f"median wall time over {args.requests} requests ({args.max_tokens} tokens max, greedy, one worker)")
+    print(f"{'route':<10} {'mode':<7} {'median':>9} {'vs chat':>8}")
+    for route, stream in runs:
+        median = statistics.median(walls[(route, stream)])
+        base = statistics.median(walls[("chat", stream)])
+        print(f"{route:<10} {'stream' if stream else 'whole':<7} {median:>8.3f}s {median / base:>7.3f}x")
+    print(f"every route answered the same text: {len(texts) == 1}")
+    return 0 if len(texts) == 1 else 1
 
 
 if __name__ == "__main__":

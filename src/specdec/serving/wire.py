@@ -86,7 +86,8 @@ def text_or(listed):
     return Annotated[Union[Annotated[Text, Tag("String")], Annotated[list[listed], Tag("List")]],
                      Discriminator(lambda value: "String" if isinstance(value, str) else
                                    "List" if isinstance(value, list) else None,
-                                   custom_error_type="string_or_list", custom_error_message="should be a string or a list")]
+                                   custom_error_type="string_or_list",
+                                   custom_error_message="should be a string or a list")]
 
 
 class Extensions(Strict):

@@ -123,8 +123,8 @@ class ConversationFields(Strict):
     @property
     def ignored_fields(self) -> list:
         """The fields given that ask for something specdec does not do (and that cannot change the answer)."""
-        return sorted(name for name, asks in IGNORED.items()
-                      if name in self.model_fields_set and getattr(self, name) is not None and asks(getattr(self, name)))
+        given = {name: getattr(self, name) for name in self.model_fields_set}
+        return sorted(name for name, asks in IGNORED.items() if given.get(name) is not None and asks(given[name]))
 
 
 class ResponsesRequest(ConversationFields, Extensions):

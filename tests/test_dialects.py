@@ -163,7 +163,7 @@ def test_ignored_fields_are_the_ones_asking_for_what_specdec_does_not_do():
 @pytest.mark.parametrize("body, field", [
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"background": True}, "background"),

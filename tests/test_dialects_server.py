@@ -201,7 +201,7 @@ RESPONSES_BAD = [  # (body changes, field the error names)
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0"),
     ({"tools": [{**TOOL, "name": "bad name"}]}, "tools.0.name"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),  # no tools
     ({"tool_choice": "required", "tools": [TOOL]}, "tool_choice"),  # this template has no call syntax

@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from specdec.contract.limits import MAX_TOP_LOGPROBS
-from specdec.serving.wire import Extensions, ProposerName, Strict, check_stops  # noqa: F401 (ProposerName: llama's)
+from specdec.serving.wire import (Extensions, JSONObject, ProposerName, Strict, Text,  # noqa: F401 (ProposerName: llama's)
+                                  check_stops)
 
 
 class StreamOptions(Strict):
@@ -115,9 +116,10 @@ class ChatMessage(Strict):
 
 
 class FunctionSpec(Strict):
+    """A function the model may call (the chat route's ``tools[].function``, the Responses API's flat tool)."""
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
-    description: str | None = None
-    parameters: dict | None = None
+    description: Text | None = None
+    parameters: JSONObject | None = None
     strict: bool | None = None
 
 

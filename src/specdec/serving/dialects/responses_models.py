@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from specdec.serving.dialects.openai_models import FunctionSpec
 from specdec.serving.wire import Extensions, JSONObject, Strict, Text, one_of, text_or
 
 Status = Literal["in_progress", "completed", "incomplete"]
@@ -67,12 +68,9 @@ class FunctionCallOutputItem(Strict):
 InputItem = one_of(InputMessage, FunctionCallItem, FunctionCallOutputItem, default="message")
 
 
-class FunctionTool(Strict):
+class FunctionTool(FunctionSpec):
+    """A function tool: the chat route's function spec, flat, with its type."""
     type: Literal["function"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
-    description: Text | None = None
-    parameters: JSONObject | None = None
-    strict: bool | None = None
 
 
 class NamedFunction(Strict):
@@ -112,7 +110,7 @@ class ConversationFields(Strict):
     input: text_or(InputItem) | None = None
     instructions: Text | None = None
     previous_response_id: Text | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[one_of(FunctionTool)] | None = None  # hosted tools (web search, ...): refused
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None

@@ -104,14 +104,18 @@ def test_anthropic_blocks_become_chat_messages_in_order():
         {"role": "system", "content": "late note"}]
 
 
-@pytest.mark.parametrize("message, field", [
-    ({"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+GO_ON = {"role": "user", "content": "go on"}
+
+
+@pytest.mark.parametrize("messages, field", [
+    ([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}, GO_ON],
      "messages.0.content.0"),
-    ({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "tool_use", "id": "t", "name": "f",
-                                                                 "input": {}}]}, "messages.0.content.1"),
+    ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "tool_use", "id": "t", "name": "f",
+                                                                  "input": {}}]}], "messages.0.content.1"),
+    ([GO_ON, {"role": "assistant", "content": "The answer is"}], "messages.1"),  # prefill
 ])
-def test_a_block_in_the_wrong_role_is_a_400_naming_it(message, field):
-    body = _anthropic({"messages": [message]})
+def test_a_block_in_the_wrong_role_or_a_prefill_is_a_400_naming_it(messages, field):
+    body = _anthropic({"messages": messages})
     with pytest.raises(APIError) as info:
         anthropic.chat_messages(body.system, body.messages)
     assert info.value.status == 400 and info.value.param == field

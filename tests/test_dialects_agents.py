@@ -106,6 +106,22 @@ def test_a_required_call_sets_an_output_format_aside_but_not_a_grammar(oc):
     assert info.value.body["param"] == "tool_choice" and "grammar" in info.value.body["message"]
 
 
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "strnig"}}}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/responses", {"input": "x", "max_output_tokens": 50, "tool_choice": "required",
+                       "tools": [{"type": "function", "name": "f", "parameters": BAD_SCHEMA}]}),
+    ("/v1/messages", {"max_tokens": 50, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"},
+                      "tools": [{"name": "f", "input_schema": BAD_SCHEMA}]}),
+])
+def test_a_tool_schema_that_does_not_compile_names_tools(url, path, body):
+    response = httpx.post(url + path, json={"model": MODEL, **body}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"].startswith("tools is not usable") and error.get("param", "tools") == "tools", error
+
+
 def test_responses_function_tool_round_trip(oc):
     """call -> function_call_output -> answer: sent back as input items (as an agent does) or after
     previous_response_id (the stored conversation), it renders as the chat route's conversation; streamed, the call

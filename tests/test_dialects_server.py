@@ -254,8 +254,10 @@ MESSAGES_BAD = [
     ({"tool_choice": {"type": "any"}}, "tool_choice"),  # no tools
     ({"tool_choice": {"type": "magic"}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0"),
-    ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
-     "messages.0.content.0"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+                   {"role": "user", "content": "x"}]}, "messages.0.content.0"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is"}]},
+     "messages.1"),  # prefill
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "strnig"}}}}, "output_config.format"),
     ({"num_draft_tokens": 99}, "num_draft_tokens"),
     ({"stream": "yes"}, "stream"),

@@ -3,8 +3,8 @@
 llama-server serves them.
 
 A body becomes a ``GenerationOptions`` here (``options_of``), its output format a constraint, a chat's messages
-and tools a ``ChatTurn`` (serving/turns.py); the job runs through the shared ``Engine`` (serving/jobs.py), and the
-answer is written in OpenAI's shapes: ``choices``, ``usage`` with ``prompt_tokens_details.cached_tokens``, the
+and tools a ``Conversation`` run on the path every chat dialect shares (serving/chat_run.py); the job runs through
+the shared ``Engine`` (serving/jobs.py), and the answer is written in OpenAI's shapes: ``choices``, ``usage`` with ``prompt_tokens_details.cached_tokens``, the
 ``specdec`` block (acceptance, rounds, timings), ``logprobs``, ``tool_calls``. Errors are OpenAI-shaped (wire.py).
 """
 
@@ -19,10 +19,10 @@ from fastapi.responses import StreamingResponse
 
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.request import GenerationStats
-from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from specdec.serving.answers import logprob_entry, specdec_fields
-from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.chat_run import Conversation, start_chat
+from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
+from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, generation_options, option_error, sse
 

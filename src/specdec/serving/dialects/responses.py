@@ -156,8 +156,7 @@ class Responses:
         if isinstance(choice, NamedFunction):
             choice = {"type": "function", "function": {"name": choice.name}}
         parallel = body.parallel_tool_calls is not False
-        return Conversation(system + messages, tools, choice, parallel, None, self.text_format(body, names),
-                            "tool_choice"), messages
+        return Conversation(system + messages, tools, choice, parallel, None, self.text_format(body, names)), messages
 
     @staticmethod
     def text_format(body: ConversationFields, names: dict):

@@ -1,11 +1,15 @@
 """What every wire dialect shares: strict request models, errors, and the decoder's refusals in a client's words.
 
-Requests are pydantic models in strict mode that forbid unknown fields: a wrong type, an out-of-range value or
-an unknown field is a 400 naming every bad field. What a combination of fields means (the context, the token
+Requests are pydantic models in strict mode that forbid unknown fields: a wrong type, an out-of-range value, an
+unknown field or text no tokenizer can take (``Text``, ``JSONObject``: a lone surrogate) is a 400 naming every bad
+field by the client's path (``one_of`` / ``text_or`` unions keep their tags out of it). specdec's own fields
+(``Extensions``) are one model every dialect's body extends, and ``generation_options`` builds the decoder's options
+from them and the dialect's sampling fields. What a combination of fields means (the context, the token
 budget, a tree with a proposer) is checked once, by the decoder (``GenerationOptions`` and ``make_request``);
 its ``GenerationError`` names the option at fault (``error.option``), which ``option_error`` turns into the
 dialect's field through the dialect's table of names, without reading the message. Each dialect renders an
-``APIError`` in its own shape (OpenAI's ``{"error": {...}}`` by default). Boundary: JSON shapes only.
+``APIError`` in its own shape (OpenAI's ``{"error": {...}}`` by default). Boundary: JSON shapes and the
+decoder's options; no routes.
 """
 
 from __future__ import annotations

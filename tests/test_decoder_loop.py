@@ -175,7 +175,7 @@ def test_planted_bugs_fail_the_distribution_test(stat_decoder, monkeypatch, plan
 
 
 # ---------------------------------------------------------------- stop strings: text == an independent rendering
-STOPS = [["k<"], ["<"], ["é"], ["€"], ["\n\n"], ["b", "xyz"], ["zzz"]]
+STOPS = [["k<"], ["<"], ["é"], ["€"], ["\n\n"], ["b", "xyz"], ["zzz"], ["zzz", "<", "k<"]]
 
 
 def _rendered(codec, token_ids, stop) -> tuple:
@@ -212,14 +212,19 @@ def test_stream_and_generate_text_is_the_stop_rule_applied_to_target_only_tokens
         if stops_here:
             stopped_runs += 1
             assert result.finish_reason == stream.finish_reason == "stop", seed
+            # which stop string: the one starting earliest in the full text (the first listed on a tie)
+            full = dec.codec.decode(reference.token_ids)
+            matched = min((full.find(s), order, s) for order, s in enumerate(stop) if s in full)[2]
+            assert result.stop_string == stream.stop_string == matched, seed
             # the last token completed the stop string: without it, no stop string is in the text
             assert not any(s in dec.codec.decode(result.token_ids[:-1]) for s in stop), seed
         else:
             assert result.token_ids == reference.token_ids and result.finish_reason == reference.finish_reason
             assert stream.finish_reason == reference.finish_reason, seed
+            assert result.stop_string is stream.stop_string is None, seed
         for i in range(1, len(pieces) + 1):  # no piece ever shows a stop string's start that later completes
             assert not any(s in "".join(pieces[:i]) for s in stop)
-    if stop[0] in ("k<", "<", "é", "b"):  # these seeds reach these stop strings ("€", "\n\n", "zzz": never)
+    if set(stop) & {"k<", "<", "é", "b"}:  # these seeds reach these stop strings ("€", "\n\n", "zzz": never)
         assert stopped_runs, "no run reached the stop string: the case tests nothing"
 
 

@@ -352,6 +352,7 @@ class _Stream:
         self.closed = True
 
     finish_reason = "length"
+    stop_string = None
 
 
 def test_time_limit_ends_at_a_newline_past_it():

@@ -12,6 +12,7 @@ Only the ratio means something on a machine shared with other work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import socket
@@ -45,6 +46,28 @@ def wait_healthy(url: str, server: subprocess.Popen, seconds: float = 300.0) -> 
             pass
         time.sleep(0.5)
     raise SystemExit(f"the server was not healthy within {seconds:.0f}s")
+
+
+@contextlib.contextmanager
+def running_server(bundle: str, model: str, threads: int | None = None):
+    """`specdec serve BUNDLE` (one worker, ``model`` its name) on a free 127.0.0.1 port while the block runs; yields
+    its URL once healthy, stops it after."""
+    port = free_port()
+    command = [sys.executable, "-m", "specdec.cli.main", "serve", bundle, "--host", "127.0.0.1",
+               "--port", str(port), "--workers", "1", "--model-name", model]
+    if threads:
+        command += ["--threads", str(threads)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, server)
+        yield url
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
@@ -101,15 +124,8 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.requests <= 100:
         parser.error("--requests must be in 1..100")
-    port, model = free_port(), "overhead"
-    command = [sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1", "--model-name", model]
-    if args.threads:
-        command += ["--threads", str(args.threads)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, server)
+    model = "overhead"
+    with running_server(args.bundle, model, args.threads) as url:
         decoder = SpeculativeDecoder.load(args.bundle, threads=args.threads)
         client = httpx.Client()  # one connection pool, as a real client keeps (a new client per call costs ~0.1 s)
         through_server(client, url, model, args.prompt, args.max_tokens)  # warm-up (cost calibration, first allocations)
@@ -143,12 +159,6 @@ def main() -> int:
         print(f"  server / in-process wall time: {server_wall / local_wall:.3f}x vs dec.generate, "
               f"{server_wall / stream_wall:.3f}x vs dec.stream (what the server runs)")
         return 0 if same else 1
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

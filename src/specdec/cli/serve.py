@@ -1,4 +1,5 @@
-"""``specdec serve``: argv for the OpenAI-compatible server (local uvicorn, or replicas on Ray Serve)."""
+"""``specdec serve``: argv for the HTTP server (OpenAI's, Anthropic's and llama-server's APIs; local uvicorn, or
+replicas on Ray Serve)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from specdec.decoding.suffix import DEFAULT_CACHE_MIB as DEFAULT_SUFFIX_CACHE_MI
 
 
 def add_serve_parser(commands, add_load_args) -> None:
-    serve = commands.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API")
+    serve = commands.add_parser("serve", help="serve a bundle over HTTP: OpenAI's API (chat, completions, "
+                                   "Responses), Anthropic's Messages, llama-server's /infill")
     serve.add_argument("bundle")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)

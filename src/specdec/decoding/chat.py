@@ -265,7 +265,8 @@ def chat(decoder, messages, options=None, *, template_variables: dict | None = N
 
     text = "".join(stream)
     return GenerationResult(text=text, token_ids=stream.token_ids, stats=stream.stats,
-                            finish_reason=stream.finish_reason, logprobs=stream.logprobs, sources=list(stream.sources))
+                            finish_reason=stream.finish_reason, logprobs=stream.logprobs, sources=list(stream.sources),
+                            stop_string=stream.stop_string)
 
 
 def stream_chat(decoder, messages, options=None, *, template_variables: dict | None = None, tools=None,

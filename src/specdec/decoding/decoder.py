@@ -184,7 +184,7 @@ class SpeculativeDecoder:
         pieces = self.stream(prompt, options, stats=stats, **changes)
         text = "".join(pieces)
         return GenerationResult(text=text, token_ids=pieces.token_ids, stats=stats, finish_reason=pieces.finish_reason,
-                                logprobs=pieces.logprobs, sources=list(pieces.sources))
+                                logprobs=pieces.logprobs, sources=list(pieces.sources), stop_string=pieces.stop_string)
 
     def stream(self, prompt, options: GenerationOptions | None = None, *, stats: GenerationStats | None = None,
                **changes) -> "TextStream":
@@ -442,9 +442,9 @@ class TextStream:
         return self._state.finish or None
 
     @property
-    def stopping_word(self) -> str:
-        """The stop string that ended the text ("" when none did)."""
-        return self._state.text.matched
+    def stop_string(self) -> str | None:
+        """The stop string the text ended at (finish reason "stop" by a stop string), else None."""
+        return self._state.text.matched if self._state.finish == "stop" else None
 
     @property
     def stats(self) -> GenerationStats:

@@ -105,6 +105,7 @@ class GenerationResult:
     finish_reason: str  # "eos" | "length" | "stop"
     logprobs: list | None = None  # with generate(logprobs=k): one TokenLogprob per token id (decoding/constraint.py)
     sources: list | None = None  # per token id: the proposer whose accepted proposal it was, or "target"
+    stop_string: str | None = None  # the stop string the text ended at (finish_reason "stop" by a stop string)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class StopStrings:
         self.text = ""  # decoded so far (complete characters only), cut at a stop string once found
         self.emitted = 0  # characters of ``text`` already handed out
         self.stopped = False
-        self.matched = ""  # the stop string that cut the text (the first in ``stops`` among those found earliest)
+        self.matched = None  # the stop string the text was cut at (the first of those starting earliest)
 
     def push(self, token_id: int) -> bool:
         """Add one committed token; True when it completed a stop string (the text now ends before it)."""
@@ -143,11 +143,11 @@ class StopStrings:
             return self.stopped
         # an occurrence can only start in text not yet handed out (what was handed out is no stop's prefix)
         start = self.emitted
-        found = [(index, stop) for stop in self.stops if (index := self.text.find(stop, start)) >= 0]
+        found = [(index, order) for order, index in enumerate(self.text.find(stop, start) for stop in self.stops)
+                 if index >= 0]
         if found:
-            first = min(index for index, _ in found)
-            self.matched = next(stop for index, stop in found if index == first)
-            self.text = self.text[:first]
+            index, order = min(found)
+            self.text, self.matched = self.text[:index], self.stops[order]
             self.stopped = True
         return self.stopped
 

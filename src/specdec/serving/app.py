@@ -2,12 +2,14 @@
 
 Each wire dialect is one module of ``serving/dialects`` that mounts its routes over the shared ``Engine``
 (serving/jobs.py): OpenAI's chat completions, completions and models (``dialects/openai.py``, also without the
-``/v1`` prefix), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health`` and ``/metrics``
-(Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``; on
-llama-server's routes its shape, whose ``code`` is the HTTP status, with OpenAI's ``param``): 400 for
-bad input (each bad field named), 404 for an unknown route (or model, with ``strict_model``), 429 (queue full)
-/ 503 (shutting down) with ``Retry-After``, 499 when the client went away before its answer, 500 for a
-failure of the server itself. Generation runs in the pool's worker threads; a client that goes away cancels
+``/v1`` prefix), the Responses API (``dialects/responses.py``), Anthropic's Messages API
+(``dialects/anthropic.py``), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health`` and
+``/metrics`` (Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param",
+"code"}}``) unless a dialect owns the path (Anthropic's: ``{"type": "error", "error": {...}}``; llama-server's
+routes: its shape, whose ``code`` is the HTTP status, with OpenAI's ``param``): 400 for bad input (each bad field
+named), 404 for an unknown route (or model, with ``strict_model``), 429 (queue full) / 503 (shutting down) with
+``Retry-After``, 499 when the client went away before its answer, 500 for a failure of the server itself.
+Generation runs in the pool's worker threads; a client that goes away cancels
 its job.
 
 ``build_app`` is the one load -> pool -> app path (``specdec serve`` and each Ray Serve replica);

@@ -38,7 +38,9 @@ class Prepared:
     time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
     sources: bool = False  # pieces carry which proposer each token came from (``Piece.spans``)
     worker: int | None = None  # the one worker that must run it (llama-server's id_slot; None: routed)
-    stats: GenerationStats = field(default_factory=GenerationStats)  # filled as it runs (GET /slots reads it)
+    # filled by the worker as the request runs (GET /slots reads it): once the job's first item is out, the
+    # prefill's counts (``prompt_tokens``, ``cached_tokens``) are final (what a stream's opening event reports)
+    stats: GenerationStats = field(default_factory=GenerationStats)
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Done:
     last_token: int | None = None
     logprobs: list | None = None  # with logprobs: the entries no Piece carried (the end token's excluded)
     output_ids: list = field(default_factory=list)  # every token generated (the end token included)
-    stopping_word: str = ""  # the stop string that ended it (finish "stop" on text), else ""
+    stop_string: str | None = None  # the stop string the text ended at (finish "stop" by a stop string)
     cache_tokens: int = 0  # tokens the worker's target cache holds once it ended (llama-server's tokens_cached)
 
 
@@ -149,7 +151,7 @@ def stream_work(prepared: Prepared, codec):
         ids = list(stream.token_ids)
         rest = answer_logprobs()[sent:] if with_logprobs else None
         yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids,
-                   getattr(stream, "stopping_word", ""), getattr(getattr(decoder, "target", None), "length", 0))
+                   getattr(stream, "stop_string", None), getattr(getattr(decoder, "target", None), "length", 0))
 
     return run
 

@@ -31,10 +31,14 @@ class ChatTurn:
 
 
 def chat_turn(decoder, messages: list, tools: list | None = None, tool_choice=None, parallel: bool = True,
-              constraint: Constraint | None = None) -> ChatTurn:
+              constraint: Constraint | None = None, text_format: Constraint | None = None) -> ChatTurn:
     """Render ``messages`` (OpenAI-style dicts) and ``tools`` (OpenAI function specs) with the bundle's template;
     ``tool_choice``: "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}. A required
-    call constrains the output to calls (and cannot be combined with another ``constraint``)."""
+    call constrains the output to calls. ``text_format`` (an output format: OpenAI's ``response_format``, the
+    Responses API's ``text.format``, Anthropic's ``output_config.format``) is the format of a text answer: a turn
+    whose call is required has none, so it is set aside then (an agent sends its final answer's format on every
+    turn). ``constraint`` (a grammar) constrains the whole output: a required call cannot be combined with it.
+    At most one of the two is given."""
     tools = list(tools or [])
     try:
         usable, required = chosen_tools(tools, tool_choice)
@@ -51,9 +55,10 @@ def chat_turn(decoder, messages: list, tools: list | None = None, tool_choice=No
             raise GenerationError.bad("tool_choice", f"cannot require a call: this model's chat template has no "
                                                      f"tool-call syntax specdec knows (known: {known})")
         if constraint is not None:
-            raise GenerationError.bad("tool_choice", "cannot require a call together with an output format or "
-                                                     "grammar")
+            raise GenerationError.bad("tool_choice", "cannot require a call together with a grammar")
         constraint = tool_call_constraint(usable, form, parallel, decoder.codec)
+    elif text_format is not None:
+        constraint = text_format
     names = tuple(tool["function"]["name"] for tool in usable)
     return ChatTurn(prompt.ids, tuple(prompt.stop_token_ids), form, names, constraint)
 

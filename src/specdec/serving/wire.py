@@ -1,29 +1,33 @@
 """What every wire dialect shares: strict request models, errors, and the decoder's refusals in a client's words.
 
 Requests are pydantic models in strict mode that forbid unknown fields: a wrong type, an out-of-range value or
-an unknown field is a 400 naming every bad field. Every request model derives from ``WireModel``, which checks
-every string of a body (keys included) before anything reads it: valid JSON can carry a lone surrogate
-("\\ud800") that no tokenizer, grammar engine or JSON answer takes, and such text is a 400 naming the field. What a combination of fields means (the context, the token
+an unknown field is a 400 naming every bad field by the client's path (``one_of`` / ``text_or`` unions keep their
+tags out of it). Every request model derives from ``WireModel``, which checks every string of a body (keys
+included) before anything reads it: valid JSON can carry a lone surrogate ("\\ud800") that no tokenizer, grammar
+engine or JSON answer takes, and such text is a 400 naming the field. specdec's own fields (``Extensions``) are one
+model every dialect's body extends, and ``generation_options`` builds the decoder's options from them and the
+dialect's sampling fields. What a combination of fields means (the context, the token
 budget, a tree with a proposer) is checked once, by the decoder (``GenerationOptions`` and ``make_request``);
 its ``GenerationError`` names the option at fault (``error.option``), which ``option_error`` turns into the
 dialect's field through the dialect's table of names, without reading the message. Each dialect renders an
-``APIError`` in its own shape (OpenAI's ``{"error": {...}}`` by default). Boundary: JSON shapes only.
+``APIError`` in its own shape (OpenAI's ``{"error": {...}}`` by default). Boundary: JSON shapes and the
+decoder's options; no routes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Annotated, Literal, Union, get_args
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from typing import Annotated
-
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
-from specdec.contract.limits import MAX_STOP_STRINGS
-from specdec.decoding.options import ContextLengthError, GenerationError, check_text
+from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_STOP_STRINGS
+from specdec.decoding.options import ContextLengthError, GenerationError, GenerationOptions, check_text
+from specdec.decoding.proposers import proposer_names
 from specdec.sampling.processors import SamplingConfig, SamplingError
 
 # what a generating route reserves for one round's proposals when the client leaves the token budget open
@@ -65,6 +69,49 @@ class WireModel(BaseModel):
 
 class Strict(WireModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# field types of the dialects' models: ``WireModel`` checks every string in a body, these included
+Text = str  # a text field
+JSONObject = dict  # a JSON object given as a value (a schema, a tool's input, metadata)
+ProposerName = Literal[proposer_names()]  # the registry's names (decoding/proposers)
+
+
+def one_of(*models, default: str | None = None):
+    """A union of Strict models told apart by their ``type`` (``default``: the type of an object without one).
+    An error names the client's field path alone: the union's tags are the models' names, which ``field_errors``
+    drops, and an object of an unknown type is one error saying which types there are."""
+    tags = {value: model.__name__ for model in models for value in get_args(model.model_fields["type"].annotation)
+            if isinstance(value, str)}
+
+    def which(value):
+        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", None)
+        return tags.get(kind) if isinstance(kind, str) else None
+
+    known = ", ".join(repr(kind) for kind in tags)
+    return Annotated[Union[tuple(Annotated[model, Tag(model.__name__)] for model in models)],
+                     Discriminator(which, custom_error_type="unknown_type",
+                                   custom_error_message=f"should be an object whose type is one of {known}")]
+
+
+def text_or(listed):
+    """A string, or a list of ``listed``: one alternative's errors only, chosen by the value's JSON type."""
+    return Annotated[Union[Annotated[Text, Tag("String")], Annotated[list[listed], Tag("List")]],
+                     Discriminator(lambda value: "String" if isinstance(value, str) else
+                                   "List" if isinstance(value, list) else None,
+                                   custom_error_type="string_or_list",
+                                   custom_error_message="should be a string or a list")]
+
+
+class Extensions(Strict):
+    """specdec's fields, accepted beside every dialect's own: the sampling knobs some APIs lack and speculation."""
+    top_k: Annotated[int, Field(ge=0)] = 0
+    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
+    proposer: ProposerName | None = None
+    tree: str | list[Annotated[int, Field(ge=1)]] | None = None
 
 
 class APIError(Exception):
@@ -170,4 +217,18 @@ def sampling_config(names: dict, **fields) -> SamplingConfig:
     try:
         return SamplingConfig(**fields)
     except SamplingError as exc:
+        raise option_error(exc, names) from None
+
+
+def generation_options(body: Extensions, names: dict, max_new: int, temperature: float, top_p: float,
+                       top_k: int | None = None, stop=(), **more) -> GenerationOptions:
+    """A body's generation fields as a ``GenerationOptions``: its dialect's sampling fields, specdec's extensions
+    (``body``), ``more`` (the route's own: stop ids, a constraint, logprobs). A refusal is a 400 naming the field."""
+    tree = ",".join(map(str, body.tree)) if isinstance(body.tree, list) else body.tree
+    try:
+        sampling = sampling_config(names, temperature=temperature, top_k=body.top_k if top_k is None else top_k,
+                                   top_p=top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty)
+        return GenerationOptions(max_new_tokens=max_new, sampling=sampling, num_draft_tokens=body.num_draft_tokens,
+                                 seed=body.seed, stop=tuple(stop), proposer=body.proposer, tree=tree, **more)
+    except GenerationError as exc:
         raise option_error(exc, names) from None

@@ -5,6 +5,6 @@ shared ``Engine`` (serving/jobs.py) and writes the answers in its own shapes. A 
 shape other than OpenAI's also has ``owns_errors(path)`` and ``error_response(status, message, ...)``.
 """
 
-from specdec.serving.dialects import llama, openai
+from specdec.serving.dialects import anthropic, llama, openai, responses
 
-DIALECTS = (openai, llama)
+DIALECTS = (openai, responses, anthropic, llama)

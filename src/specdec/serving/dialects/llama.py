@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from specdec.decoding.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.options import GenerationError, GenerationOptions
+from specdec.serving.answers import logprob_entry, specdec_fields
 from specdec.serving.dialects import llama_info, llama_slots
 from specdec.serving.dialects.llama_models import CompletionRequest, InfillRequest, LlamaGeneration
-from specdec.serving.dialects.openai import logprob_entry, specdec_fields
 from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, option_error, sampling_config, sse
@@ -81,7 +81,7 @@ def llama_answer(text: str, done: Done, stop_ids: set, model: str, ignored: list
     stats = done.stats
     return {"index": 0, "content": text, "stop": True, "model": model, "tokens_predicted": stats.new_tokens,
             "tokens_evaluated": stats.prompt_tokens, "tokens_cached": done.cache_tokens,
-            "stop_type": stop_type(done, stop_ids), "stopping_word": done.stopping_word,
+            "stop_type": stop_type(done, stop_ids), "stopping_word": done.stop_string or "",
             "has_new_line": "\n" in text, "truncated": False, "timings": timings(done),
             "specdec": {**specdec_fields(done), "ignored_fields": ignored}}
 

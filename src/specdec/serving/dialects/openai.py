@@ -3,8 +3,8 @@
 llama-server serves them.
 
 A body becomes a ``GenerationOptions`` here (``options_of``), its output format a constraint, a chat's messages
-and tools a ``ChatTurn`` (serving/turns.py); the job runs through the shared ``Engine`` (serving/jobs.py), and the
-answer is written in OpenAI's shapes: ``choices``, ``usage`` with ``prompt_tokens_details.cached_tokens``, the
+and tools a ``Conversation`` run on the path every chat dialect shares (serving/chat_run.py); the job runs through
+the shared ``Engine`` (serving/jobs.py), and the answer is written in OpenAI's shapes: ``choices``, ``usage`` with ``prompt_tokens_details.cached_tokens``, the
 ``specdec`` block (acceptance, rounds, timings), ``logprobs``, ``tool_calls``. Errors are OpenAI-shaped (wire.py).
 """
 
@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import partial
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.request import GenerationStats
+from specdec.serving.answers import logprob_entry, specdec_fields
+from specdec.serving.chat_run import Conversation, start_chat
 from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from specdec.serving.jobs import Done, Engine, Piece
-from specdec.serving.turns import TurnOutput, chat_turn, output_constraint
-from specdec.serving.wire import APIError, option_error, sampling_config, sse
+from specdec.serving.turns import output_constraint
+from specdec.serving.wire import APIError, generation_options, option_error, sse
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -36,16 +39,6 @@ def finish_reason(done: Done) -> str:
     return "length" if done.finish == "length" else "stop"
 
 
-def specdec_fields(done: Done) -> dict:
-    """What the answer says about speculation (beside OpenAI's fields)."""
-    stats = done.stats
-    return {"cached_tokens": stats.cached_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
-            "proposed_tokens": stats.proposed, "accepted_tokens": stats.accepted, "rounds": stats.rounds,
-            "rounds_by_source": dict(stats.rounds_by_source), "tokens_per_second": round(stats.tokens_per_s, 2),
-            "prefill_seconds": round(stats.prefill_seconds, 4), "decode_seconds": round(stats.decode_seconds, 4),
-            "queue_seconds": round(done.queue_seconds, 4)}
-
-
 def usage(stats: GenerationStats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
@@ -55,15 +48,7 @@ def usage(stats: GenerationStats) -> dict:
 def options_of(body, max_new: int, names: dict, **more) -> GenerationOptions:
     """An OpenAI body's generation fields as a ``GenerationOptions`` (``more``: the route's own)."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    tree = ",".join(map(str, body.tree)) if isinstance(body.tree, list) else body.tree
-    try:
-        sampling = sampling_config(names, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                   min_p=body.min_p, repetition_penalty=body.repetition_penalty)
-        return GenerationOptions(max_new_tokens=max_new, sampling=sampling,
-                                 num_draft_tokens=body.num_draft_tokens, seed=body.seed, stop=tuple(stop),
-                                 proposer=body.proposer, tree=tree, **more)
-    except GenerationError as exc:
-        raise option_error(exc, names) from None
+    return generation_options(body, names, max_new, body.temperature, body.top_p, stop=stop, **more)
 
 
 def body_constraint(body, names: dict):
@@ -92,19 +77,6 @@ def body_constraint(body, names: dict):
         return output_constraint("json_schema", form.json_schema.schema_, field=name)
     except GenerationError as exc:
         raise option_error(exc, names) from None
-
-
-def logprob_item(codec, token_id: int, logprob: float) -> dict:
-    data = codec.piece_bytes(token_id) if hasattr(codec, "piece_bytes") else codec.decode([token_id]).encode()
-    return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
-
-
-def logprob_entry(codec, entry, top: bool = True) -> dict:
-    """One token's OpenAI chat logprobs item (token text, logprob, UTF-8 bytes, alternatives)."""
-    out = logprob_item(codec, entry.token, entry.logprob)
-    if top:
-        out["top_logprobs"] = [logprob_item(codec, t, lp) for t, lp in entry.top]
-    return out
 
 
 def chat_logprobs(codec, entries) -> dict | None:
@@ -229,21 +201,15 @@ class Chat:
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
         choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
         constraint = body_constraint(body, names)
-        try:
-            turn = chat_turn(engine.decoder, [plain_message(m) for m in body.messages], tools, choice,
-                             body.parallel_tool_calls, constraint)
-        except GenerationError as exc:
-            raise option_error(exc, names) from None
-        if turn.constraint is not constraint:
-            names["constraint"] = "tools"
-        max_new = body.max_tokens if body.max_tokens is not None else engine.open_budget(turn.ids)
-        options = options_of(body, max_new, names, stop_token_ids=turn.stop_token_ids, constraint=turn.constraint,
-                             logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-        prepared = engine.prepare(turn.ids, options, names, body.max_tokens is not None, sources=body.token_sources)
-        job, first = await engine.start(prepared, request, names)
+        text_format = names.get("constraint") == "response_format"  # set aside when a call is required
+        conversation = Conversation([plain_message(m) for m in body.messages], tools, choice, body.parallel_tool_calls,
+                                    None if text_format else constraint, constraint if text_format else None)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        run = await start_chat(engine, request, names, conversation, body.max_tokens,
+                               partial(options_of, body, names=names, logprobs=logprobs), sources=body.token_sources)
+        job, first, output = run.job, run.first, run.output
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         codec = engine.codec
-        output = turn.output()
 
         def chunk(delta, finish, entries=None):
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -286,8 +252,7 @@ class Chat:
                     yield line
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        text, done, _ = await engine.collect(job, first, request)
-        content, calls = output.parse(text)
+        content, calls, done = await run.whole(engine, request)
         message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]

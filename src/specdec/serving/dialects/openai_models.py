@@ -12,11 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS
-from specdec.decoding.proposers import proposer_names
-from specdec.serving.wire import StopStrings, Strict
-
-ProposerName = Literal[proposer_names()]  # the registry's names (decoding/proposers)
+from specdec.contract.limits import MAX_TOP_LOGPROBS
+from specdec.serving.wire import (Extensions, JSONObject, ProposerName, StopStrings, Strict,  # noqa: F401 (ProposerName:
+                                  Text)  # llama's)
 
 
 class StreamOptions(Strict):
@@ -37,7 +35,7 @@ class ResponseFormat(Strict):
     schema_: dict | None = Field(default=None, alias="schema")  # vLLM / llama-server's shorthand for json_object
 
 
-class _GenerationFields(Strict):
+class _GenerationFields(Extensions):
     model: str
     max_tokens: int | None = None  # its range is the decoder's (make_request): one place
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0  # OpenAI's default (0 = greedy)
@@ -46,17 +44,10 @@ class _GenerationFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: StopStrings | None = None
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     user: str | None = None  # accepted and ignored, as by other local servers
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    # specdec extensions
-    top_k: Annotated[int, Field(ge=0)] = 0
-    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
-    num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
-    proposer: ProposerName | None = None
-    tree: str | list[Annotated[int, Field(ge=1)]] | None = None
+    # specdec extensions (beside Extensions': top_k, min_p, repetition_penalty, seed, num_draft_tokens, proposer, tree):
     # each streamed chunk says which proposer each token came from (specdec.tokens): the web page's colours
     token_sources: bool = False
     # constrained output: OpenAI's response_format; llama-server's grammar (GBNF) and json_schema
@@ -120,9 +111,10 @@ class ChatMessage(Strict):
 
 
 class FunctionSpec(Strict):
+    """A function the model may call (the chat route's ``tools[].function``, the Responses API's flat tool)."""
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
-    description: str | None = None
-    parameters: dict | None = None
+    description: Text | None = None
+    parameters: JSONObject | None = None
     strict: bool | None = None
 
 

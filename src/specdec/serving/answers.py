@@ -1,0 +1,32 @@
+"""What every dialect's answer reports beside its text: the ``specdec`` block (acceptance, rounds, timings) and
+token logprobs in OpenAI's item shape (token text, logprob, UTF-8 bytes, alternatives), which OpenAI's chat and
+Responses answers and llama-server's ``completion_probabilities`` all build on. Boundary: JSON values from a
+finished job; no routes.
+"""
+
+from __future__ import annotations
+
+from specdec.serving.jobs import Done
+
+
+def specdec_fields(done: Done) -> dict:
+    """What the answer says about speculation (beside the dialect's own fields)."""
+    stats = done.stats
+    return {"cached_tokens": stats.cached_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
+            "proposed_tokens": stats.proposed, "accepted_tokens": stats.accepted, "rounds": stats.rounds,
+            "rounds_by_source": dict(stats.rounds_by_source), "tokens_per_second": round(stats.tokens_per_s, 2),
+            "prefill_seconds": round(stats.prefill_seconds, 4), "decode_seconds": round(stats.decode_seconds, 4),
+            "queue_seconds": round(done.queue_seconds, 4)}
+
+
+def logprob_item(codec, token_id: int, logprob: float) -> dict:
+    data = codec.piece_bytes(token_id) if hasattr(codec, "piece_bytes") else codec.decode([token_id]).encode()
+    return {"token": data.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(data)}
+
+
+def logprob_entry(codec, entry, top: bool = True) -> dict:
+    """One token's logprobs item (token text, logprob, UTF-8 bytes, alternatives)."""
+    out = logprob_item(codec, entry.token, entry.logprob)
+    if top:
+        out["top_logprobs"] = [logprob_item(codec, t, lp) for t, lp in entry.top]
+    return out

@@ -41,6 +41,7 @@ def specdec_fields(done: Done) -> dict:
     stats = done.stats
     return {"cached_tokens": stats.cached_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
             "proposed_tokens": stats.proposed, "accepted_tokens": stats.accepted, "rounds": stats.rounds,
+            "target_passes": stats.decode_forwards,  # the decode loop's (completion tokens / this: tokens a pass)
             "rounds_by_source": dict(stats.rounds_by_source), "tokens_per_second": round(stats.tokens_per_s, 2),
             "prefill_seconds": round(stats.prefill_seconds, 4), "decode_seconds": round(stats.decode_seconds, 4),
             "queue_seconds": round(done.queue_seconds, 4)}
@@ -126,11 +127,11 @@ def completion_logprobs(codec, entries, offset: int = 0) -> dict | None:
             "text_offset": offsets}
 
 
-def source_block(piece: Piece) -> dict | None:
-    """``token_sources``: the piece's text by the proposer of its tokens (the web page's colours)."""
-    if piece.spans is None:
+def source_block(spans: list | None) -> dict | None:
+    """``token_sources``: text by the proposer of its tokens (the web page's colours), for a piece or an answer."""
+    if spans is None:
         return None
-    return {"sources": [{"text": text, "source": source} for text, source in piece.spans]}
+    return {"sources": [{"text": text, "source": source} for text, source in spans]}
 
 
 def error_lines(message: str, code: str | None) -> list:
@@ -185,7 +186,7 @@ class Completions:
         if body.stream:
             def piece_lines(piece: Piece) -> list:
                 out = chunk(piece.text, None, piece.logprobs)
-                if (block := source_block(piece)) is not None:
+                if (block := source_block(piece.spans)) is not None:
                     out["specdec"] = block
                 return [sse(out)]
 
@@ -203,9 +204,9 @@ class Completions:
 
             return StreamingResponse(engine.events(job, first, piece_lines, last, error_lines),
                                      media_type="text/event-stream")
-        text, done, _ = await engine.collect(job, first, request)
+        text, done, spans = await engine.collect(job, first, request)
         return {**chunk(text, finish_reason(done), done.logprobs), "usage": usage(done.stats),
-                "specdec": specdec_fields(done)}
+                "specdec": specdec_fields(done) | (source_block(spans if prepared.sources else None) or {})}
 
 
 class Chat:
@@ -260,7 +261,8 @@ class Chat:
                 lines = []
                 if content or piece.logprobs:
                     out = chunk({"content": content}, None, piece.logprobs)
-                    if (block := source_block(piece)) is not None and output.stream is None:
+                    # with tool-call parsing the content is not the decoded text: no spans (the page sends no tools)
+                    if (block := source_block(piece.spans)) is not None and output.stream is None:
                         out["specdec"] = block
                     lines.append(sse(out))
                 return lines + call_lines(finished)
@@ -286,7 +288,7 @@ class Chat:
                     yield line
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        text, done, _ = await engine.collect(job, first, request)
+        text, done, spans = await engine.collect(job, first, request)
         content, calls = output.parse(text)
         message = {"role": "assistant", "content": content}
         if calls:
@@ -295,7 +297,9 @@ class Chat:
         return {"id": ident, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
                              "finish_reason": finish}],
-                "usage": usage(done.stats), "specdec": specdec_fields(done)}
+                "usage": usage(done.stats),
+                "specdec": specdec_fields(done) | (source_block(spans if prepared.sources and turn.form is None
+                                                                else None) or {})}
 
 
 class Models:

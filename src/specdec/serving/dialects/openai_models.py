@@ -57,7 +57,8 @@ class _GenerationFields(Strict):
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
     proposer: ProposerName | None = None
     tree: str | list[Annotated[int, Field(ge=1)]] | None = None
-    # each streamed chunk says which proposer each token came from (specdec.tokens): the web page's colours
+    # the answer's text split by the proposer of its tokens (each chunk's / the answer's specdec.sources): the web
+    # page's colours; ignored with tool-call parsing (the content is then not the decoded text)
     token_sources: bool = False
     # constrained output: OpenAI's response_format; llama-server's grammar (GBNF) and json_schema
     response_format: ResponseFormat | None = None

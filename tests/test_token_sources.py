@@ -367,3 +367,16 @@ def test_target_only_makes_one_token_a_pass(chat_decoder, server_url):
     chat_decoder.clear_cache()  # a cold prefill: its passes are counted in target_forwards, not in decode_forwards
     result = chat(chat_decoder, MESSAGES, max_new_tokens=24, num_draft_tokens=0)
     assert result.stats.target_forwards > result.stats.decode_forwards == len(result.token_ids)
+
+
+def test_sources_overhead_tool_runs(chat_bundle):
+    """tools/sources_overhead.py on the tiny bundle: same answers with and without the field, and a ratio."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "sources_overhead.py"
+    done = subprocess.run([sys.executable, str(tool), str(chat_bundle), "--requests", "2", "--max-tokens", "16"],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "with token_sources:" in done.stdout and "x (sums:" in done.stdout

@@ -2,8 +2,8 @@
 
 Each wire dialect is one module of ``serving/dialects`` that mounts its routes over the shared ``Engine``
 (serving/jobs.py): OpenAI's chat completions, completions and models (``dialects/openai.py``, also without the
-``/v1`` prefix), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health`` and ``/metrics``
-(Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for
+``/v1`` prefix), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health``, ``/metrics``
+(Prometheus text) and the chat page at ``/`` (``serving/webui``, unless ``ServerOptions.webui`` is off). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``): 400 for
 bad input (each bad field named), 404 for an unknown route (or model, with ``strict_model``), 429 (queue full)
 / 503 (shutting down) with ``Retry-After``, 499 when the client went away before its answer, 500 for a
 failure of the server itself. Generation runs in the pool's worker threads; a client that goes away cancels
@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.serving import webui
 from specdec.serving.dialects import DIALECTS
 from specdec.serving.jobs import Engine
 from specdec.serving.metrics import Metrics
@@ -44,6 +45,8 @@ class ServerOptions:
     strict_model: bool = False
     shutdown_grace: float = 10.0  # seconds running requests may take to finish at shutdown
     retry_after: int = 1  # seconds, sent with 429 / 503
+    webui: bool = True  # the chat page at / (serving/webui); False: / is a 404
+    webui_dir: str | None = None  # a folder to serve the page's files from instead of the packaged ones
 
     def __post_init__(self):
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
@@ -130,6 +133,8 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     app.add_api_route("/metrics", prometheus, methods=["GET"])
     for dialect in DIALECTS:
         dialect.mount(app, engine, options)
+    if options.webui:
+        webui.mount(app, options.webui_dir)
     return app
 
 

@@ -352,6 +352,26 @@ def test_server_spans_equal_the_api_sources(chat_decoder, server_url, route):
     assert merge_spans(spans) == _expected_spans(chat_decoder.codec, cut, cut.text)
 
 
+def test_server_spans_stop_at_the_end_of_turn(chat_decoder, server_url):
+    """An answer that ends with the template's end-of-turn token (its output constrained to a short text, so the
+    model must end the turn): the spans hold the text, not the end token, and match ``GenerationResult.sources``."""
+    from specdec import Constraint
+    from specdec.decoding.chat import chat
+    from specdec.serving.jobs import merge_spans
+
+    from conftest import TINY_END_OF_TURN
+
+    grammar = 'root ::= "<b>add</b> = a + b"'
+    result = chat(chat_decoder, MESSAGES, max_new_tokens=40, constraint=Constraint.gbnf(grammar), **DRAFT_CHAIN)
+    assert result.finish_reason == "stop" and result.token_ids[-1] == chat_decoder.codec.token_id(TINY_END_OF_TURN)
+    body = {"messages": MESSAGES, "model": "tiny-chat", "max_tokens": 40, "temperature": 0, "token_sources": True,
+            "grammar": grammar, **DRAFT_CHAIN}
+    text, spans, final = _stream(server_url, "/v1/chat/completions", body)
+    assert text == result.text == "<b>add</b> = a + b"
+    assert merge_spans(spans) == _expected_spans(chat_decoder.codec, result, text)
+    assert final["target_passes"] == result.stats.rounds
+
+
 def test_target_only_makes_one_token_a_pass(chat_decoder, server_url):
     """``num_draft_tokens: 0``: every decode pass makes one token (target_passes = completion tokens), every span is
     the target's; the prefill's passes are not counted."""

@@ -50,6 +50,33 @@ def test_importlib_resources_finds_the_page_and_pyproject_ships_it():
     assert all(any(fnmatch.fnmatch(name, pattern) for pattern in patterns) for name in shipped)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", ["pyproject.toml", "planted: no package data"])
+def test_a_wheel_carries_the_page(tmp_path, variant):
+    """A wheel built from the sources holds every page file (setuptools' package data); without the package-data
+    table it would not (the planted variant)."""
+    import zipfile
+
+    from specdec.serving.webui import PAGE_FILES
+
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copy(ROOT / "README.md", source / "README.md")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    if variant.startswith("planted"):
+        planted = re.sub(r'\[tool\.setuptools\.package-data\]\n(#.*\n)*"specdec\.serving\.webui" = \[.*\]\n', "",
+                         pyproject)
+        assert planted != pyproject
+        pyproject = planted
+    (source / "pyproject.toml").write_text(pyproject)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("specdec-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    carried = {f"specdec/serving/webui/{name}" for name in PAGE_FILES} <= names
+    assert carried == (variant == "pyproject.toml") and "specdec/serving/webui/__init__.py" in names
+
+
 def test_a_missing_page_file_is_a_clear_error(tmp_path):
     from specdec.serving.webui import page_files
 
@@ -144,22 +171,10 @@ def browser(tool, tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(chat_bundle, tool):
     """`specdec serve` on the tiny chat bundle, 127.0.0.1, one worker: (url, process)."""
-    from test_server import _free_port, _wait_healthy
+    from test_server import _specdec_serve
 
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--host",
-                                "127.0.0.1", "--port", str(port), "--model-name", MODEL, "--shutdown-grace", "2"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, process)
-        yield url, process
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with _specdec_serve(chat_bundle, "--model-name", MODEL, "--shutdown-grace", "2") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

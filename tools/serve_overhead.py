@@ -12,6 +12,7 @@ Only the ratio means something on a machine shared with other work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import socket
@@ -47,13 +48,31 @@ def wait_healthy(url: str, server: subprocess.Popen, seconds: float = 300.0) -> 
     raise SystemExit(f"the server was not healthy within {seconds:.0f}s")
 
 
-def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
-    """One streaming request: time to the first text, wall time, usage and the server's own decode speed."""
-    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-               "stream_options": {"include_usage": True}}
-    text, first, usage, specdec = [], None, None, None
-    started = time.perf_counter()
-    with client.stream("POST", f"{url}/v1/completions", json=payload, timeout=600) as response:
+@contextlib.contextmanager
+def specdec_server(bundle: str, model: str, threads: int | None = None, extra: tuple = ()):
+    """`specdec serve BUNDLE` on a free 127.0.0.1 port, one worker (``extra``: more flags), healthy: yields its url;
+    stopped (SIGINT, then killed) on the way out."""
+    port = free_port()
+    command = [sys.executable, "-m", "specdec.cli.main", "serve", bundle, "--host", "127.0.0.1",
+               "--port", str(port), "--workers", "1", "--model-name", model, *extra]
+    if threads:
+        command += ["--threads", str(threads)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, server)
+        yield url
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def completion_chunks(client: httpx.Client, url: str, payload: dict):
+    """The chunks of one streamed /v1/completions answer (a server error ends the tool)."""
+    with client.stream("POST", f"{url}/v1/completions", json={**payload, "stream": True}, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -61,12 +80,22 @@ def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_
             chunk = json.loads(line[len("data: "):])
             if "error" in chunk:
                 raise SystemExit(f"server error: {chunk['error']['message']}")
-            for choice in chunk.get("choices", []):
-                if choice["text"] and first is None:
-                    first = time.perf_counter() - started
-                text.append(choice["text"])
-            usage = chunk.get("usage") or usage
-            specdec = chunk.get("specdec") or specdec
+            yield chunk
+
+
+def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streaming request: time to the first text, wall time, usage and the server's own decode speed."""
+    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+               "stream_options": {"include_usage": True}}
+    text, first, usage, specdec = [], None, None, None
+    started = time.perf_counter()
+    for chunk in completion_chunks(client, url, payload):
+        for choice in chunk.get("choices", []):
+            if choice["text"] and first is None:
+                first = time.perf_counter() - started
+            text.append(choice["text"])
+        usage = chunk.get("usage") or usage
+        specdec = chunk.get("specdec") or specdec
     wall = time.perf_counter() - started
     return {"text": "".join(text), "ttft": first or wall, "wall": wall, "tokens": usage["completion_tokens"],
             "server_decode_tps": specdec["tokens_per_second"]}
@@ -101,15 +130,8 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.requests <= 100:
         parser.error("--requests must be in 1..100")
-    port, model = free_port(), "overhead"
-    command = [sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1", "--model-name", model]
-    if args.threads:
-        command += ["--threads", str(args.threads)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, server)
+    model = "overhead"
+    with specdec_server(args.bundle, model, args.threads) as url:
         decoder = SpeculativeDecoder.load(args.bundle, threads=args.threads)
         client = httpx.Client()  # one connection pool, as a real client keeps (a new client per call costs ~0.1 s)
         through_server(client, url, model, args.prompt, args.max_tokens)  # warm-up (cost calibration, first allocations)
@@ -143,12 +165,6 @@ def main() -> int:
         print(f"  server / in-process wall time: {server_wall / local_wall:.3f}x vs dec.generate, "
               f"{server_wall / stream_wall:.3f}x vs dec.stream (what the server runs)")
         return 0 if same else 1
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

@@ -15,10 +15,7 @@ machine shared with other work.
 from __future__ import annotations
 
 import argparse
-import json
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,28 +23,21 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_overhead import PROMPT, free_port, wait_healthy  # noqa: E402  (tools/ is not a package)
+from serve_overhead import PROMPT, completion_chunks, specdec_server  # noqa: E402  (tools/ is not a package)
 
 
 def one_request(client: httpx.Client, url: str, prompt: str, max_tokens: int, sources: bool, **more) -> dict:
     """A streamed greedy completion: its text, the spans' text, decode seconds (the server's), wall seconds."""
-    body = {"model": "overhead", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": "overhead", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "token_sources": sources, **more}
     text, spans, final = [], [], None
     started = time.perf_counter()
-    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            if "error" in chunk:
-                raise SystemExit(f"server error: {chunk['error']['message']}")
-            choice = chunk["choices"][0]
-            text.append(choice["text"])
-            spans += [span["text"] for span in (chunk.get("specdec") or {}).get("sources", ())]
-            if choice["finish_reason"]:
-                final = chunk["specdec"]
+    for chunk in completion_chunks(client, url, body):
+        choice = chunk["choices"][0]
+        text.append(choice["text"])
+        spans += [span["text"] for span in (chunk.get("specdec") or {}).get("sources", ())]
+        if choice["finish_reason"]:
+            final = chunk["specdec"]
     return {"text": "".join(text), "spans": "".join(spans), "decode": final["decode_seconds"],
             "wall": time.perf_counter() - started, "tokens_per_second": final["tokens_per_second"]}
 
@@ -64,15 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.requests <= 200:
         parser.error("--requests must be in 1..200")
-    port = free_port()
-    command = [sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1", "--model-name", "overhead", "--no-webui"]
-    if args.threads:
-        command += ["--threads", str(args.threads)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, server)
+    with specdec_server(args.bundle, "overhead", args.threads, ("--no-webui",)) as url:
         client = httpx.Client()
         more = {key: value for key, value in (("proposer", args.proposer), ("num_draft_tokens", args.draft_tokens))
                 if value is not None}
@@ -103,12 +85,6 @@ def main() -> int:
               f"{decode[True] / decode[False]:.3f}x (sums: {total[True] / total[False]:.3f}x)")
         print(f"  wall seconds:   {wall[False]:.4f} without, {wall[True]:.4f} with: {wall[True] / wall[False]:.3f}x")
         return 0
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from fastapi import Response
-
 # file -> media type; the page's own URL for each (index.html is "/")
 PAGE_FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
               "style.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"}
@@ -38,6 +36,8 @@ def page_files(folder: str | Path | None = None) -> dict:
 
 def mount(app, folder: str | Path | None = None) -> None:
     """``GET /`` (the page) and ``GET /webui/<file>``, read once now."""
+    from fastapi import Response
+
     files = page_files(folder)
 
     def answer(name: str):

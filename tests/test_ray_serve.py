@@ -66,8 +66,8 @@ def test_ctrl_c_while_deploying_stops_cleanly(monkeypatch):
 
 def test_two_replicas_answer_like_the_decoder(chat_bundle):
     """`specdec serve --ray --replicas 2` on a local Ray instance (node address 127.0.0.1, dashboard and usage
-    statistics off): both replicas answer the OpenAI routes, greedy answers equal dec.generate / chat, and
-    Ctrl-C stops everything. (~30-60 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
+    statistics off): both replicas answer the OpenAI routes and the chat page, greedy answers equal dec.generate /
+    chat, and Ctrl-C stops everything. (~30-60 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
     from specdec import SpeculativeDecoder
     from specdec.decoding.chat import chat
 
@@ -103,6 +103,9 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == expected_chat
         bad = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "a", "n": 3}, timeout=10)
         assert bad.status_code == 400 and "n=1" in bad.json()["error"]["message"]
+        page = httpx.get(f"{url}/", timeout=10)  # the chat page: the replicas build the same app
+        assert page.status_code == 200 and "/webui/app.js" in page.text
+        assert page.headers["content-security-policy"].startswith("default-src 'self'")
     finally:
         process.send_signal(signal.SIGINT)
         try:

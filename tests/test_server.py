@@ -52,16 +52,14 @@ def decoder(chat_bundle):
     return SpeculativeDecoder.load(chat_bundle)
 
 
-@pytest.fixture(scope="module")
-def served(chat_bundle):
-    """`specdec serve` in a subprocess on 127.0.0.1 (2 workers, 4 waiting, OpenAI's strict model names); yields
-    (base url, process)."""
+@contextlib.contextmanager
+def _specdec_serve(bundle, *flags):
+    """`specdec serve BUNDLE FLAGS` in a subprocess on 127.0.0.1, healthy; yields (base url, process); SIGINT (then
+    kill) on the way out."""
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--host", "127.0.0.1", "--port",
-         str(port), "--workers", "2", "--max-queue", "4", "--model-name", MODEL, "--shutdown-grace", "5",
-         "--strict-model-name"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        [sys.executable, "-m", "specdec.cli.main", "serve", str(bundle), "--host", "127.0.0.1", "--port", str(port),
+         *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, process)
@@ -73,6 +71,15 @@ def served(chat_bundle):
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@pytest.fixture(scope="module")
+def served(chat_bundle):
+    """`specdec serve` in a subprocess on 127.0.0.1 (2 workers, 4 waiting, OpenAI's strict model names); yields
+    (base url, process)."""
+    with _specdec_serve(chat_bundle, "--workers", "2", "--max-queue", "4", "--model-name", MODEL,
+                        "--shutdown-grace", "5", "--strict-model-name") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

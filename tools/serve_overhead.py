@@ -49,12 +49,12 @@ def wait_healthy(url: str, server: subprocess.Popen, seconds: float = 300.0) -> 
 
 
 @contextlib.contextmanager
-def running_server(bundle: str, model: str, threads: int | None = None):
-    """`specdec serve BUNDLE` (one worker, ``model`` its name) on a free 127.0.0.1 port while the block runs; yields
-    its URL once healthy, stops it after."""
+def running_server(bundle: str, model: str, threads: int | None = None, extra: tuple = ()):
+    """`specdec serve BUNDLE` on a free 127.0.0.1 port, one worker (``extra``: more flags), healthy: yields its url;
+    stopped (SIGINT, then killed) on the way out."""
     port = free_port()
     command = [sys.executable, "-m", "specdec.cli.main", "serve", bundle, "--host", "127.0.0.1",
-               "--port", str(port), "--workers", "1", "--model-name", model]
+               "--port", str(port), "--workers", "1", "--model-name", model, *extra]
     if threads:
         command += ["--threads", str(threads)]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -70,13 +70,9 @@ def running_server(bundle: str, model: str, threads: int | None = None):
             server.kill()
 
 
-def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
-    """One streaming request: time to the first text, wall time, usage and the server's own decode speed."""
-    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-               "stream_options": {"include_usage": True}}
-    text, first, usage, specdec = [], None, None, None
-    started = time.perf_counter()
-    with client.stream("POST", f"{url}/v1/completions", json=payload, timeout=600) as response:
+def completion_chunks(client: httpx.Client, url: str, payload: dict):
+    """The chunks of one streamed /v1/completions answer (a server error ends the tool)."""
+    with client.stream("POST", f"{url}/v1/completions", json={**payload, "stream": True}, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -84,12 +80,22 @@ def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_
             chunk = json.loads(line[len("data: "):])
             if "error" in chunk:
                 raise SystemExit(f"server error: {chunk['error']['message']}")
-            for choice in chunk.get("choices", []):
-                if choice["text"] and first is None:
-                    first = time.perf_counter() - started
-                text.append(choice["text"])
-            usage = chunk.get("usage") or usage
-            specdec = chunk.get("specdec") or specdec
+            yield chunk
+
+
+def through_server(client: httpx.Client, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streaming request: time to the first text, wall time, usage and the server's own decode speed."""
+    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+               "stream_options": {"include_usage": True}}
+    text, first, usage, specdec = [], None, None, None
+    started = time.perf_counter()
+    for chunk in completion_chunks(client, url, payload):
+        for choice in chunk.get("choices", []):
+            if choice["text"] and first is None:
+                first = time.perf_counter() - started
+            text.append(choice["text"])
+        usage = chunk.get("usage") or usage
+        specdec = chunk.get("specdec") or specdec
     wall = time.perf_counter() - started
     return {"text": "".join(text), "ttft": first or wall, "wall": wall, "tokens": usage["completion_tokens"],
             "server_decode_tps": specdec["tokens_per_second"]}

@@ -24,6 +24,9 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--strict-model-name", action="store_true",
                        help="answer 404 to a request naming a model the server does not list (OpenAI's behaviour); "
                             "by default any name is the served model, as llama-server does")
+    serve.add_argument("--no-webui", action="store_true",
+                       help="no chat page at / (by default the server opens one: chat, streamed, tokens coloured by "
+                            "the proposer they came from)")
     serve.add_argument("--shutdown-grace", type=float, default=10.0,
                        help="seconds in-flight requests may take to finish at shutdown before they are cancelled")
     serve.add_argument("--cache-ram", type=float, default=0, metavar="MiB",
@@ -77,7 +80,7 @@ def cmd_serve(args) -> int:
         names = model_names(args)
         options = RayOptions(bundle=str(args.bundle), model_name=names[0], aliases=names[1:],
                              strict_model=args.strict_model_name, shutdown_grace=args.shutdown_grace,
-                             host=args.host, port=args.port,
+                             webui=not args.no_webui, host=args.host, port=args.port,
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
@@ -97,7 +100,8 @@ def cmd_serve(args) -> int:
     pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     names = model_names(args)
     server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
-                                   shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path)
+                                   shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
+                                   webui=not args.no_webui)
     for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")
@@ -108,6 +112,11 @@ def cmd_serve(args) -> int:
         print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
               "can use it", file=sys.stderr)
     app = build_app(args.bundle, server_options, pool_options, load_options)
+    if server_options.webui:
+        import logging
+
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        logging.getLogger("specdec.serve").info("chat page: http://%s:%d/ (--no-webui: none)", shown, args.port)
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
                 log_level="info")
     return 0

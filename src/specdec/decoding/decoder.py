@@ -334,6 +334,7 @@ class SpeculativeDecoder:
                 stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache,
                                                         compute=not proposer.lazy_draft_prefill)
             stats.prefill_seconds = time.perf_counter() - started
+            stats.prefill_forwards = stats.target_forwards
             stats.verify_seconds = stats.draft_seconds = 0.0
             started = time.perf_counter()
             rule = TokenRule(request.sampling, request.acceptance, state.noise, state.rng, state.guide, state.logprobs,

@@ -32,7 +32,8 @@ class GenerationStats:
     draft_skipped: bool = False  # the draft's prefill would have cost more than it saves: suffix matching alone proposed
     new_tokens: int = 0
     rounds: int = 0
-    target_forwards: int = 0
+    target_forwards: int = 0  # every target pass, the prefill's included
+    prefill_forwards: int = 0  # the target passes of the prefill (the rest are the decode loop's)
     draft_forwards: int = 0
     proposed: int = 0
     accepted: int = 0
@@ -45,6 +46,12 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     decode_seconds: float = 0.0  # wall time of the decode loop (after prefill)
+
+    @property
+    def decode_forwards(self) -> int:
+        """Target passes of the decode loop: one verify pass a round (plus a rare catch-up pass in a round whose
+        proposal leaves no room to refeed what the target lacks)."""
+        return self.target_forwards - self.prefill_forwards
 
     @property
     def lookup_rounds(self) -> int:
@@ -83,7 +90,7 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         names = ("acceptance_rate", "token_acceptance", "mean_accepted_per_round", "host_seconds", "tokens_per_s",
-                 "lookup_rounds", "suffix_rounds")
+                 "lookup_rounds", "suffix_rounds", "decode_forwards")
         return {**self.__dict__, "rounds_by_source": dict(self.rounds_by_source),
                 **{name: getattr(self, name) for name in names}}
 

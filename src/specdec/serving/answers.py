@@ -14,6 +14,7 @@ def specdec_fields(done: Done) -> dict:
     stats = done.stats
     return {"cached_tokens": stats.cached_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
             "proposed_tokens": stats.proposed, "accepted_tokens": stats.accepted, "rounds": stats.rounds,
+            "target_passes": stats.decode_forwards,  # the decode loop's (completion tokens / this: tokens a pass)
             "rounds_by_source": dict(stats.rounds_by_source), "tokens_per_second": round(stats.tokens_per_s, 2),
             "prefill_seconds": round(stats.prefill_seconds, 4), "decode_seconds": round(stats.decode_seconds, 4),
             "queue_seconds": round(done.queue_seconds, 4)}

@@ -4,7 +4,8 @@ Each wire dialect is one module of ``serving/dialects`` that mounts its routes o
 (serving/jobs.py): OpenAI's chat completions, completions and models (``dialects/openai.py``, also without the
 ``/v1`` prefix), the Responses API (``dialects/responses.py``), Anthropic's Messages API
 (``dialects/anthropic.py``), llama-server's native routes (``dialects/llama.py``). Besides them: ``/health`` and
-``/metrics`` (Prometheus text). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param",
+``/metrics`` (Prometheus text), the chat page at ``/`` (``serving/webui``, unless
+``ServerOptions.webui`` is off). Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param",
 "code"}}``) unless a dialect owns the path (Anthropic's: ``{"type": "error", "error": {...}}``; llama-server's
 routes: its shape, whose ``code`` is the HTTP status, with OpenAI's ``param``): 400 for bad input (each bad field
 named), 404 for an unknown route (or model, with ``strict_model``), 429 (queue full) / 503 (shutting down) with
@@ -29,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.serving import webui
 from specdec.serving.dialects import DIALECTS
 from specdec.serving.jobs import Engine
 from specdec.serving.metrics import Metrics
@@ -48,6 +50,8 @@ class ServerOptions:
     shutdown_grace: float = 10.0  # seconds running requests may take to finish at shutdown
     retry_after: int = 1  # seconds, sent with 429 / 503
     slot_save_path: str | None = None  # the folder llama-server's slot save / restore use (None: those are 501)
+    webui: bool = True  # the chat page at / (serving/webui); False: / is a 404
+    webui_dir: str | None = None  # a folder to serve the page's files from instead of the packaged ones
 
     def __post_init__(self):
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
@@ -136,6 +140,8 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     app.add_api_route("/metrics", prometheus, methods=["GET"])
     for dialect in DIALECTS:
         dialect.mount(app, engine, options)
+    if options.webui:
+        webui.mount(app, options.webui_dir)
     return app
 
 

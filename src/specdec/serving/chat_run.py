@@ -70,10 +70,11 @@ class ChatRun:
     job: object
     first: object  # the job's first item (the prefill is done: ``prepared.stats`` holds its counts)
     output: TurnOutput
+    spans: list = field(default_factory=list)  # after ``whole``: the answer's text by token source (with sources)
 
     async def whole(self, engine: Engine, request: Request) -> tuple[str | None, list, Done]:
         """(the text outside calls, or None when there is only calls; the calls; the job's ``Done``)."""
-        text, done, _ = await engine.collect(self.job, self.first, request)
+        text, done, self.spans = await engine.collect(self.job, self.first, request)
         content, calls = self.output.parse(text)
         return content, calls, done
 

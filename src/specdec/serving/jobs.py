@@ -12,9 +12,9 @@ decoder options and pool jobs in, items out; no wire shapes here.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -71,43 +71,73 @@ def piece_text(item) -> str:
 
 
 class SourceSpans:
-    """Splits emitted text by the proposer of the tokens it came from. Each token's text is its UTF-8 bytes
-    decoded incrementally (a character split across tokens belongs to the token that completes it); the
-    emitted text is a prefix of their concatenation, so a piece is cut where the tokens' texts end."""
+    """Splits emitted text by the proposer of the tokens it came from (``token_sources``).
 
-    def __init__(self, codec):
+    The tokens are decoded as the decoder's own text path decodes them (``IncrementalDecoder``'s window, fed one
+    token at a time as ``StopStrings`` is), so the tokenizer's rules hold (a SentencePiece word's leading space, a
+    special token's empty text) and the emitted text is a prefix of what they decode to. A character belongs to
+    the token that completes it: after each token, the window's text up to a trailing incomplete character is
+    that token's. End tokens (EOS, a stop id: ``end_ids``) add no text, as in ``RequestState.commit``. Text the
+    decoder held back to the end (an incomplete character, given out by its final flush) belongs to the first
+    token still holding it. Created only when a request asks for sources: without them no span work runs."""
+
+    def __init__(self, codec, end_ids=frozenset()):
         self.codec = codec
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.chars: list = []  # [(text, source)] per token decoded so far
-        self.index = 0  # the first token whose text is not all given out yet
-        self.start = 0  # where that token's text starts, in characters of the whole output
-        self.offset = 0  # characters given out so far
+        self.end_ids = frozenset(end_ids)
+        self.ids: list = []  # the tokens that decode to text (end tokens left out)
+        self.prefix_offset = self.read_offset = 0  # IncrementalDecoder's window over ``ids``
+        self.prefix = ""  # what ids[prefix_offset:read_offset] decode to
+        self.given = 0  # characters after the window's prefix already given to a token
+        self.queue: deque = deque()  # [characters, source] not yet matched to emitted text
+        self.seen = 0  # tokens read so far
+        self.holding = None  # the source of the first token of a pending incomplete character
+
+    def _push(self, token: int, source: str) -> None:
+        self.ids.append(token)
+        text = self.codec.decode(self.ids[self.prefix_offset:])[len(self.prefix):]
+        complete = len(text.rstrip("\ufffd"))
+        if complete > self.given:
+            self.queue.append([complete - self.given, source])
+            self.given = complete
+        if complete < len(text):
+            self.holding = self.holding or source
+        else:
+            self.holding = None
+            if text:  # IncrementalDecoder moves its window here: so does this one
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+                self.prefix = self.codec.decode(self.ids[self.prefix_offset : self.read_offset])
+                self.given = 0
 
     def split(self, text: str, token_ids: list, sources: list) -> list:
-        while len(self.chars) < len(token_ids):
-            token = token_ids[len(self.chars)]
-            data = self.codec.piece_bytes(token) if hasattr(self.codec, "piece_bytes") else \
-                self.codec.decode([token]).encode()
-            self.chars.append((self.decoder.decode(data), sources[len(self.chars)]))
-        spans, end = [], self.offset + len(text)
-        while self.index < len(self.chars) and self.offset < end:
-            chunk, source = self.chars[self.index]
-            stop = self.start + len(chunk)
-            piece = text[self.offset - (end - len(text)) : min(stop, end) - (end - len(text))]
-            if piece:
-                if spans and spans[-1][1] == source:
-                    spans[-1] = (spans[-1][0] + piece, source)
-                else:
-                    spans.append((piece, source))
-                self.offset += len(piece)
-            if stop <= end:
-                self.index, self.start = self.index + 1, stop
-            else:
-                break
-        if self.offset < end:  # text the tokens' own texts do not hold (a tokenizer's decode rule): the target's
-            spans.append((text[len(text) - (end - self.offset):], "target"))
-            self.offset = end
-        return spans
+        """``text`` (the next emitted piece) as [(text, source)], adjacent equal sources merged."""
+        for index in range(self.seen, len(token_ids)):
+            if token_ids[index] not in self.end_ids:
+                self._push(token_ids[index], sources[index])
+        self.seen = len(token_ids)
+        spans, at = [], 0
+        while at < len(text):
+            if self.queue:
+                head = self.queue[0]
+                size, source = min(head[0], len(text) - at), head[1]
+                head[0] -= size
+                if not head[0]:
+                    self.queue.popleft()
+            else:  # the decoder's final flush: the held-back text of the tokens still holding it
+                size, source = len(text) - at, self.holding or "target"
+            spans.append((text[at : at + size], source))
+            at += size
+        return merge_spans(spans)
+
+
+def merge_spans(spans) -> list:
+    """[(text, source)] with adjacent equal sources joined (a piece's, or a whole answer's from its pieces')."""
+    runs: list = []  # [[texts], source]: joined once at the end, not copied at every merge
+    for text, source in spans:
+        if runs and runs[-1][1] == source:
+            runs[-1][0].append(text)
+        else:
+            runs.append([[text], source])
+    return [("".join(texts), source) for texts, source in runs]
 
 
 def stream_work(prepared: Prepared, codec):
@@ -119,13 +149,13 @@ def stream_work(prepared: Prepared, codec):
         stream = decoder.stream(prepared.prompt_ids, options, stats=stats)
         finish, first_piece, newline = None, None, False
         with_logprobs = options.logprobs is not None
-        spans = SourceSpans(codec) if prepared.sources else None
+        ends = set(decoder.eos_ids) | set(options.stop_token_ids)
+        spans = SourceSpans(codec, ends) if prepared.sources else None
         sent = given = 0  # logprob entries, token ids handed out so far
 
         def answer_logprobs() -> list:
             """The logprobs so far, without a final end-of-turn token (not part of the answer)."""
             entries, ids = stream.logprobs, stream.token_ids
-            ends = set(decoder.eos_ids) | set(options.stop_token_ids)
             if stream.finish_reason in ("eos", "stop") and ids and ids[-1] in ends:
                 entries = entries[:-1]
             return entries
@@ -245,7 +275,7 @@ class Engine:
             item = await self.next_item(job, request, checked)
         if done is not None and done.logprobs is not None:
             done.logprobs = logprobs + done.logprobs  # the whole answer's, for a one-shot response
-        return "".join(pieces), self.finished(done, job), spans
+        return "".join(pieces), self.finished(done, job), merge_spans(spans)
 
     def finished(self, done: Done, job) -> Done:
         done.queue_seconds = (job.started or job.submitted) - job.submitted

@@ -98,11 +98,11 @@ def completion_logprobs(codec, entries, offset: int = 0) -> dict | None:
             "text_offset": offsets}
 
 
-def source_block(piece: Piece) -> dict | None:
-    """``token_sources``: the piece's text by the proposer of its tokens (the web page's colours)."""
-    if piece.spans is None:
+def source_block(spans: list | None) -> dict | None:
+    """``token_sources``: text by the proposer of its tokens (the web page's colours), for a piece or an answer."""
+    if spans is None:
         return None
-    return {"sources": [{"text": text, "source": source} for text, source in piece.spans]}
+    return {"sources": [{"text": text, "source": source} for text, source in spans]}
 
 
 def error_lines(message: str, code: str | None) -> list:
@@ -157,7 +157,7 @@ class Completions:
         if body.stream:
             def piece_lines(piece: Piece) -> list:
                 out = chunk(piece.text, None, piece.logprobs)
-                if (block := source_block(piece)) is not None:
+                if (block := source_block(piece.spans)) is not None:
                     out["specdec"] = block
                 return [sse(out)]
 
@@ -175,9 +175,9 @@ class Completions:
 
             return StreamingResponse(engine.events(job, first, piece_lines, last, error_lines),
                                      media_type="text/event-stream")
-        text, done, _ = await engine.collect(job, first, request)
+        text, done, spans = await engine.collect(job, first, request)
         return {**chunk(text, finish_reason(done), done.logprobs), "usage": usage(done.stats),
-                "specdec": specdec_fields(done)}
+                "specdec": specdec_fields(done) | (source_block(spans if prepared.sources else None) or {})}
 
 
 class Chat:
@@ -226,7 +226,8 @@ class Chat:
                 lines = []
                 if content or piece.logprobs:
                     out = chunk({"content": content}, None, piece.logprobs)
-                    if (block := source_block(piece)) is not None and output.stream is None:
+                    # with tool-call parsing the content is not the decoded text: no spans (the page sends no tools)
+                    if (block := source_block(piece.spans)) is not None and output.stream is None:
                         out["specdec"] = block
                     lines.append(sse(out))
                 return lines + call_lines(finished)
@@ -253,6 +254,7 @@ class Chat:
 
             return StreamingResponse(events(), media_type="text/event-stream")
         content, calls, done = await run.whole(engine, request)
+        spans, prepared, turn = run.spans, run.prepared, run.turn
         message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]
@@ -260,7 +262,9 @@ class Chat:
         return {"id": ident, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
                              "finish_reason": finish}],
-                "usage": usage(done.stats), "specdec": specdec_fields(done)}
+                "usage": usage(done.stats),
+                "specdec": specdec_fields(done) | (source_block(spans if prepared.sources and turn.form is None
+                                                                else None) or {})}
 
 
 class Models:

@@ -48,7 +48,8 @@ class _GenerationFields(Extensions):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     # specdec extensions (beside Extensions': top_k, min_p, repetition_penalty, seed, num_draft_tokens, proposer, tree):
-    # each streamed chunk says which proposer each token came from (specdec.tokens): the web page's colours
+    # the answer's text split by the proposer of its tokens (each chunk's / the answer's specdec.sources): the web
+    # page's colours; ignored with tool-call parsing (the content is then not the decoded text)
     token_sources: bool = False
     # constrained output: OpenAI's response_format; llama-server's grammar (GBNF) and json_schema
     response_format: ResponseFormat | None = None

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-# keep the verified-hash cache and joined model files of test runs out of the user's cache
-os.environ.setdefault("SPECDEC_CACHE", tempfile.mkdtemp(prefix="specdec-test-cache-"))
+# keep the verified-hash cache and joined model files of test runs out of the user's cache; the run's own folder is
+# removed when it ends
+if "SPECDEC_CACHE" not in os.environ:
+    import atexit
+    import shutil
+
+    os.environ["SPECDEC_CACHE"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["SPECDEC_CACHE"], True)
 
 from tiny_models import build_tiny_model, build_noisy_copy  # noqa: E402
 

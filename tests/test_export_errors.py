@@ -59,7 +59,9 @@ def test_mismatched_tokenizers_are_refused_naming_the_difference(tiny_pair_dirs,
     assert not (tmp_path / "out").exists()
 
 
-def test_mismatched_special_tokens_are_refused(tiny_pair_dirs, tmp_path):
+def test_a_draft_with_other_special_tokens_takes_the_targets(tiny_pair_dirs, tmp_path):
+    """A Hugging Face folder lists two end tokens where a GGUF of its family records one: the pair is exported, the
+    bundle uses the target's special ids for both models (what ends target-only decoding), and says so."""
     target, _ = tiny_pair_dirs
     draft = build_tiny_model(tmp_path / "draft", "llama", seed=1, num_layers=1)
     config = json.loads((draft / "config.json").read_text())
@@ -68,8 +70,11 @@ def test_mismatched_special_tokens_are_refused(tiny_pair_dirs, tmp_path):
     gen = draft / "generation_config.json"
     if gen.exists():
         gen.unlink()
-    with pytest.raises(IncompatiblePair, match="special tokens differ: eos_token_ids"):
-        export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "out"), progress=lambda m: None)
+    notes = []
+    manifest = export_bundle(ExportOptions(target=str(target), draft=str(draft), out=tmp_path / "out", parity=False),
+                             progress=notes.append)
+    assert manifest.draft.eos_token_ids == manifest.target.eos_token_ids
+    assert any("eos_token_ids" in note and "uses the target's" in note for note in notes)
 
 
 def test_non_bundle_destination_is_not_replaced(tiny_pair_dirs, tmp_path):

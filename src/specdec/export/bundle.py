@@ -403,8 +403,9 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
         tokenizers["draft"] = load_tokenizer(draft_source)
         check_tokenizers(tokenizers["target"], tokenizers["draft"])
         # vocabulary and special tokens from the configs: a mismatch costs seconds here, not two exports
-        check_pair_facts(pair_facts(*load_configs(target_source), tokenizers["target"]),
-                         pair_facts(*load_configs(draft_source), tokenizers["draft"]))
+        for note in check_pair_facts(pair_facts(*load_configs(target_source), tokenizers["target"]),
+                                     pair_facts(*load_configs(draft_source), tokenizers["draft"])):
+            progress(note)
     if options.parity:
         for role, tokenizer in tokenizers.items():
             _check_parity_text(role, tokenizer)
@@ -425,7 +426,7 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
         specs["target"], parity["target"], carried["target"] = _export_one(
             "target", target_source, tokenizers["target"], options, staging, progress)
         if draft_source is not None:
-            check_specs(specs["target"], specs["draft"])
+            specs["draft"] = check_specs(specs["target"], specs["draft"])
         if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):
             progress("the source tokenizer has no chat template: the bundle generates but cannot chat")
         progress("hashing files")

@@ -16,6 +16,7 @@ afterwards (``check_specs``).
 from __future__ import annotations
 
 import json
+import re
 
 
 class IncompatiblePair(ValueError):
@@ -47,28 +48,41 @@ def special_token_ids_from(generation_config, config, tokenizer) -> dict:
     return {"bos_token_id": bos, "eos_token_ids": tuple(sorted(eos)), "pad_token_id": pad}
 
 
+_PADDING = re.compile(r"\[PAD(\d+)\]")
+
+
+def tokenizer_size(tokenizer) -> int:
+    """The ids that are tokens: ``len(tokenizer)`` without the ``[PAD<id>]`` placeholders a GGUF's tokenizer carries
+    for the table rows no token fills (llama.cpp's convert_hf_to_gguf.py writes them), so a GGUF's tokenizer and
+    the Hugging Face folder's it came from have one size."""
+    size = len(tokenizer)
+    while size and _PADDING.fullmatch(tokenizer.convert_ids_to_tokens(size - 1) or "") and \
+            _PADDING.fullmatch(tokenizer.convert_ids_to_tokens(size - 1)).group(1) == str(size - 1):
+        size -= 1
+    return size
+
+
 def pair_facts(config, generation_config, tokenizer) -> dict:
     """What draft and target must agree on, from configs and tokenizer: the usable vocabulary (the table's rows, or
     the tokenizer's size when the table is padded beyond it), the table's rows, and the special ids."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     rows = getattr(text, "vocab_size", None)
-    usable = min(rows, len(tokenizer)) if rows else None
+    usable = min(rows, tokenizer_size(tokenizer)) if rows else None
     return {"vocab_size": usable, "table_rows": rows, **special_token_ids_from(generation_config, config, tokenizer)}
 
 
-def check_pair_facts(target: dict, draft: dict) -> None:
-    """Raise IncompatiblePair when ``pair_facts`` of the two models disagree (before any export)."""
+def check_pair_facts(target: dict, draft: dict) -> list:
+    """Raise IncompatiblePair when the two models' usable vocabularies differ (before any export). Returns notes on
+    the special ids that differ: the bundle takes the target's for both models (what ends target-only decoding
+    ends speculation too; a draft's end tokens only stop its proposals early), as a Hugging Face folder's
+    generation config lists two end tokens where a GGUF of the same family records one."""
     if target["vocab_size"] and draft["vocab_size"] and target["vocab_size"] != draft["vocab_size"]:
         raise IncompatiblePair(
             f"draft and target vocabularies differ: the target scores {target['vocab_size']} tokens (vocab_size "
             f"{target.get('table_rows')}), the draft {draft['vocab_size']} (vocab_size {draft.get('table_rows')})"
         )
-    for key in ("bos_token_id", "eos_token_ids", "pad_token_id"):
-        if target[key] != draft[key]:
-            raise IncompatiblePair(
-                f"draft and target special tokens differ: {key} is {target[key]} for the target, "
-                f"{draft[key]} for the draft"
-            )
+    return [f"the draft's {key} {draft[key]} differs from the target's {target[key]}: the bundle uses the target's"
+            for key in ("bos_token_id", "eos_token_ids", "pad_token_id") if target[key] != draft[key]]
 
 
 # What the behaviour check encodes and decodes: code, prose, whitespace runs, digits, CJK, emoji, control and
@@ -84,9 +98,9 @@ PROBE_TEXTS = (
 
 
 def _vocabulary_difference(target, draft) -> str | None:
-    target_vocab, draft_vocab = target.get_vocab(), draft.get_vocab()
-    by_id_target = {index: token for token, index in target_vocab.items()}
-    by_id_draft = {index: token for token, index in draft_vocab.items()}
+    size = max(tokenizer_size(target), tokenizer_size(draft))  # the [PAD] placeholders aside
+    by_id_target = {index: token for token, index in target.get_vocab().items() if index < size}
+    by_id_draft = {index: token for token, index in draft.get_vocab().items() if index < size}
     for index in sorted(set(by_id_target) | set(by_id_draft)):
         a, b = by_id_target.get(index), by_id_draft.get(index)
         if a != b:
@@ -142,15 +156,14 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
             raise IncompatiblePair(f"draft and target tokenizers differ: {difference}")
 
 
-def check_specs(target, draft) -> None:
-    """Raise IncompatiblePair when the exported models disagree on vocabulary or special tokens (ModelSpecs)."""
+def check_specs(target, draft):
+    """The draft's ModelSpec with the target's special ids (``check_pair_facts``); IncompatiblePair when the exported
+    models score different vocabularies."""
+    from dataclasses import replace
+
     if target.vocab_size != draft.vocab_size:
         raise IncompatiblePair(
             f"draft and target vocabularies differ: target has {target.vocab_size} logits, draft {draft.vocab_size}"
         )
-    for key in ("bos_token_id", "eos_token_ids", "pad_token_id"):
-        if getattr(target, key) != getattr(draft, key):
-            raise IncompatiblePair(
-                f"draft and target special tokens differ: {key} is {getattr(target, key)} for the target, "
-                f"{getattr(draft, key)} for the draft"
-            )
+    return replace(draft, bos_token_id=target.bos_token_id, eos_token_ids=target.eos_token_ids,
+                   pad_token_id=target.pad_token_id)

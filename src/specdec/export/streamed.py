@@ -217,7 +217,7 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
     import torch
 
     from specdec.export.architectures import arch_for
-    from specdec.export.compat import special_token_ids_from
+    from specdec.export.compat import special_token_ids_from, tokenizer_size
     from specdec.export.graph_model import text_config
     from specdec.export.sources import load_configs
     from specdec.export.tensors import open_weights
@@ -225,7 +225,7 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
     torch.set_grad_enabled(False)
     config, generation = load_configs(source)
     config = text_config(config)
-    g = geometry_of(config, arch_for(config.model_type), len(tokenizer))
+    g = geometry_of(config, arch_for(config.model_type), tokenizer_size(tokenizer))
     if tie_embeddings and not g.tied:
         from dataclasses import replace
 

@@ -121,12 +121,14 @@ class _BundlesPerForm:
         return self._models[arch]
 
     def __call__(self, arch: str, form: str):
-        """(bundle folder, the Manifest export_bundle returned)"""
+        """(bundle folder, the Manifest export_bundle returned). ``form``: "fused" (the default attention: folded
+        where the streamed exporter applies), "gqa" (fused with GroupQueryAttention) or "standard"."""
         from specdec.export.bundle import ExportOptions, export_bundle
 
         if (arch, form) not in self._bundles:
             out = self.root / f"{arch}-{form}"
-            manifest = export_bundle(ExportOptions(target=str(self.model(arch)), draft=None, out=out, graph=form),
+            options = dict(graph="fused", attention="gqa") if form == "gqa" else dict(graph=form)
+            manifest = export_bundle(ExportOptions(target=str(self.model(arch)), draft=None, out=out, **options),
                                      progress=lambda msg: None)
             self._bundles[(arch, form)] = (out, manifest)
         return self._bundles[(arch, form)]

@@ -1,8 +1,10 @@
-"""The fused graph form (onnxruntime GroupQueryAttention on an in-place KV buffer) and its runner.
+"""The fused graph form (an in-place KV buffer: folded attention or onnxruntime's GroupQueryAttention) and its
+runners.
 
-Each architecture is exported in both forms from the same tiny model: both match PyTorch, and
-the FusedRunner gives the same logits as the standard ModelRunner over a script of chains,
-trees (also at an empty past), hidden past slots, commits, truncations and tree compaction.
+Each architecture is exported in every form from the same tiny model (fused with folded attention where the
+streamed exporter applies, fused with GroupQueryAttention, standard): all match PyTorch, and the fused runners give
+the same logits as the standard ModelRunner over a script of chains, trees (also at an empty past), hidden past
+slots, commits, truncations and tree compaction.
 """
 
 import collections
@@ -30,9 +32,17 @@ FORM_ARCHS = ("llama", "mistral", "gemma3_text", "gpt2")
 
 @pytest.fixture(params=FORM_ARCHS)
 def both_forms(request, bundle_per_form):
-    """(arch, {"fused": bundle dir, "standard": bundle dir}) of one tiny target, max 2048 positions (the session's
-    shared bundles: test_export_architectures and test_tensorrt_ops check the same ones for every architecture)."""
-    return request.param, {form: bundle_per_form(request.param, form)[0] for form in ("fused", "standard")}
+    """(arch, {"fused": bundle dir, ["gqa": bundle dir,] "standard": bundle dir}) of one tiny target, max 2048
+    positions (the session's shared bundles: test_export_architectures and test_tensorrt_ops check the same ones for
+    every architecture). "gqa" is there when "fused" has folded attention (the streamed architectures)."""
+    bundles = {form: bundle_per_form(request.param, form)[0] for form in ("fused", "standard")}
+    if Manifest.read(bundles["fused"]).target.attention == "folded":
+        bundles["gqa"] = bundle_per_form(request.param, "gqa")[0]
+    return request.param, bundles
+
+
+def _graph(form: str) -> str:
+    return "standard" if form == "standard" else "fused"
 
 
 def _runner(bundle, max_context=64, steps=32):
@@ -46,7 +56,8 @@ def test_both_forms_match_pytorch_and_record_their_form(both_forms):
     for form, bundle in bundles.items():
         manifest = Manifest.read(bundle)
         assert (manifest.target.graph, manifest.target.kv_layout) == \
-            (form, {"fused": "shared-bnsh", "standard": "split-bsnh"}[form])
+            (_graph(form), {"fused": "shared-bnsh", "standard": "split-bsnh"}[_graph(form)])
+        assert (form == "gqa") <= (manifest.target.attention == "gqa")
         report = manifest.extra["parity_max_abs_error"]["target"]["float"]
         assert set(report) == {"prefill", "decode", "chain_verify", "tree", "rows_vs_decode"}
         for scenario, errors in report.items():
@@ -74,7 +85,7 @@ def test_a_prefill_chunk_computes_only_its_last_rows_logits(both_forms, monkeypa
     ids = [int(t) for t in np.random.default_rng(5).integers(3, 60, 13)]
     for form, bundle in bundles.items():
         full, last = _runner(bundle), _runner(bundle)
-        assert full.spec.has_input(LOGIT_ROWS) == (form == "fused")
+        assert full.spec.has_input(LOGIT_ROWS) == (form != "standard")
         for runner in (full, last):
             runner.forward(ids[:4], range(4))
             runner.commit(4)
@@ -92,28 +103,40 @@ def test_a_prefill_chunk_computes_only_its_last_rows_logits(both_forms, monkeypa
                              .forward(ids, range(13))[-1], atol=TOLERANCE)
 
 
-def test_fused_graph_has_one_attention_node_per_layer_and_no_past_concat(both_forms):
-    """The fused graph: one GroupQueryAttention per layer, the only consumer of the cache; fewer nodes."""
+def test_fused_graphs_read_the_past_only_through_their_attention(both_forms):
+    """GroupQueryAttention: one node per layer, the only consumer of the cache. Folded: no GroupQueryAttention; each
+    KV head's cache view is read only by the ScatterND that writes the new rows into it in place, whose output (the
+    same view) the attention reads. Nothing concatenates, slices or copies the past; fewer nodes than standard."""
     arch, bundles = both_forms
     graphs = {form: onnx.load(str(b / "target/model.onnx"), load_external_data=False).graph
               for form, b in bundles.items()}
-    nodes = graphs["fused"].node
     layers = Manifest.read(bundles["fused"]).target.num_layers
-    assert sum(n.op_type == "GroupQueryAttention" for n in nodes) == layers
-    past_names = {i.name for i in graphs["fused"].input if i.name.startswith("past.")}
-    consumers = {n.op_type for n in nodes if past_names & set(n.input)}
-    assert consumers == {"GroupQueryAttention"}  # nothing concatenates, slices or copies the past
+    for form in ("fused", "gqa"):
+        if form not in graphs:
+            continue
+        nodes = graphs[form].node
+        folded = Manifest.read(bundles[form]).target.attention == "folded"
+        past_names = {i.name for i in graphs[form].input if i.name.startswith("past.")}
+        consumers = {n.op_type for n in nodes if past_names & set(n.input)}
+        if folded:
+            assert consumers == {"ScatterND"} and not any(n.op_type == "GroupQueryAttention" for n in nodes)
+            present = {o.name for o in graphs[form].output if o.name.startswith("present.")}
+            readers = {n.op_type for n in nodes if present & set(n.input)}
+            assert readers <= {"Gemm", "MatMul", "Cast"} and "Gemm" in readers, readers
+            continue
+        assert sum(n.op_type == "GroupQueryAttention" for n in nodes) == layers
+        assert consumers == {"GroupQueryAttention"}
+        assert len(nodes) < len(graphs["standard"].node)
+        # packed QKV: the projection goes in whole as the query (no Split), unless a per-head q/k norm sits between
+        from specdec.export.architectures import ARCHITECTURES
+
+        packed = not ARCHITECTURES[arch].qk_norm
+        for node in nodes:
+            if node.op_type == "GroupQueryAttention":
+                assert (node.input[1] == "" and node.input[2] == "") == packed, (arch, list(node.input[:3]))
     standard_consumers = {n.op_type for n in graphs["standard"].node
                           if {i.name for i in graphs["standard"].input if i.name.startswith("past.")} & set(n.input)}
     assert "GroupQueryAttention" not in standard_consumers
-    assert len(nodes) < len(graphs["standard"].node)
-    # packed QKV: the projection goes in whole as the query (no Split), unless a per-head q/k norm sits between
-    from specdec.export.architectures import ARCHITECTURES
-
-    packed = not ARCHITECTURES[arch].qk_norm
-    for node in nodes:
-        if node.op_type == "GroupQueryAttention":
-            assert (node.input[1] == "" and node.input[2] == "") == packed, (arch, list(node.input[:3]))
 
 
 def _script(runner, prompt):
@@ -148,11 +171,15 @@ def test_fused_runner_equals_standard_runner_over_a_decoding_script(both_forms):
     """Same logits (1e-4) from both forms over chains, trees, truncation, compaction and hidden past slots."""
     arch, bundles = both_forms
     prompt = [(7 * i + 3) % 120 + 3 for i in range(20)]
-    fused, standard = _runner(bundles["fused"]), _runner(bundles["standard"])
-    assert isinstance(fused, FusedRunner) and isinstance(standard, ModelRunner)
-    for step, (a, b) in enumerate(zip(_script(fused, prompt), _script(standard, prompt))):
-        assert np.abs(a - b).max() < TOLERANCE, (arch, step, float(np.abs(a - b).max()))
-    assert fused.length == standard.length
+    standard = _runner(bundles["standard"])
+    assert isinstance(standard, ModelRunner)
+    reference = _script(standard, prompt)
+    for form in set(bundles) - {"standard"}:
+        fused = _runner(bundles[form])
+        assert isinstance(fused, FusedRunner)
+        for step, (a, b) in enumerate(zip(_script(fused, prompt), reference)):
+            assert np.abs(a - b).max() < TOLERANCE, (arch, form, step, float(np.abs(a - b).max()))
+        assert fused.length == standard.length
 
 
 def test_rollback_and_compaction_equal_a_fresh_run(both_forms):
@@ -181,27 +208,32 @@ def test_rollback_and_compaction_equal_a_fresh_run(both_forms):
 
 
 def test_a_pass_at_long_context_reads_and_writes_the_cache_in_place(both_forms):
-    """At context 1,500 the graph's present outputs are the cache buffer itself; only the T new rows change
-    (and the scratch slot after them, which no committed length covers)."""
+    """At context 1,500 the graph's KV outputs are the cache buffer itself (GroupQueryAttention: each layer's block;
+    folded: each KV head's rows); only the T new rows change (and GroupQueryAttention's scratch slot after them,
+    which no committed length covers)."""
     arch, bundles = both_forms
     if arch != "llama":
         pytest.skip("one architecture is enough for the buffer check")
-    runner = _runner(bundles["fused"], max_context=1600, steps=64)
-    rng = np.random.default_rng(0)
-    for start in range(0, 1500, 64):
-        chunk = rng.integers(3, 120, size=min(64, 1500 - start))
-        runner.forward(chunk, range(start, start + len(chunk)))
-        runner.commit(len(chunk))
-    before = runner.cache.copy()
-    runner.forward([5, 6, 7, 8, 9], range(1500, 1505))
-    pointers = {value.data_ptr() for value in runner._binding.get_outputs()}
-    cache_blocks = {runner.cache[layer, kind].ctypes.data for layer in range(runner.spec.num_layers) for kind in (0, 1)}
-    # every present output is a cache block itself (no past-sized output allocated); the only other one is logits
-    assert cache_blocks <= pointers and len(pointers) == len(cache_blocks) + 1
-    changed = np.any(runner.cache != before, axis=(0, 1, 2, 3, 5))
-    scratch = runner.spec.attention_scratch_rows
-    assert scratch == 1 and len(changed) == 1600 + scratch
-    assert changed[1500:1505 + scratch].all() and not changed[:1500].any() and not changed[1505 + scratch:].any()
+    for form in ("fused", "gqa"):
+        runner = _runner(bundles[form], max_context=1600, steps=64)
+        spec = runner.spec
+        rng = np.random.default_rng(0)
+        for start in range(0, 1500, 64):
+            chunk = rng.integers(3, 120, size=min(64, 1500 - start))
+            runner.forward(chunk, range(start, start + len(chunk)))
+            runner.commit(len(chunk))
+        before = runner.cache.copy()
+        runner.forward([5, 6, 7, 8, 9], range(1500, 1505))
+        pointers = {value.data_ptr() for value in runner._binding.get_outputs()}
+        heads = range(spec.num_kv_heads) if spec.attention == "folded" else [slice(None)]
+        blocks = {runner.cache[layer, kind, 0, head].ctypes.data
+                  for layer in range(spec.num_layers) for kind in (0, 1) for head in heads}
+        # every KV output is the cache itself (no past-sized output allocated); the only other one is logits
+        assert blocks <= pointers and len(pointers) == len(blocks) + 1, form
+        changed = np.any(runner.cache != before, axis=(0, 1, 2, 3, 5))
+        scratch = spec.attention_scratch_rows
+        assert (form, spec.attention, scratch) in (("fused", "folded", 0), ("gqa", "gqa", 1))
+        assert changed[1500:1505 + scratch].all() and not changed[:1500].any() and not changed[1505 + scratch:].any()
 
 
 def test_a_pass_ending_at_the_last_position_runs(both_forms):
@@ -266,17 +298,26 @@ def test_graph_option_is_validated(tmp_path):
     assert ExportOptions(target="x", draft=None, out=tmp_path, quant="int4", graph="fused").graph == "fused"
 
 
-def test_old_manifests_load_as_standard(tiny_bundle):
+def test_old_manifests_load_as_standard(tiny_bundle, bundle_per_form):
     """A manifest written before the graph fields existed reads as the standard form; a fused manifest written
-    before the scratch row reads with none (its one-token passes round differently, but it still runs)."""
+    before the scratch row reads with none (its one-token passes round differently, but it still runs), one written
+    before the attention field as GroupQueryAttention. Inconsistent attention fields are refused."""
     import json
 
-    data = json.loads((tiny_bundle / "manifest.json").read_text())
-    assert data["target"]["attention_scratch_rows"] == 1
-    for role in ("target", "draft"):
-        del data[role]["attention_scratch_rows"]
+    folded = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert (folded["target"]["attention"], folded["target"]["attention_scratch_rows"]) == ("folded", 0)
+    for bad, message in (({"attention": "flash"}, "attention must be one of"),
+                         ({"attention_scratch_rows": 1}, "attention 'folded' is a fused form without scratch rows")):
+        with pytest.raises(BundleError, match=message):
+            Manifest.from_json(json.dumps({**folded, "target": {**folded["target"], **bad}}))
+    gqa, _ = bundle_per_form("llama", "gqa")
+    data = json.loads((gqa / "manifest.json").read_text())
+    assert (data["target"]["attention"], data["target"]["attention_scratch_rows"]) == ("gqa", 1)
+    del data["target"]["attention"]
+    assert Manifest.from_json(json.dumps(data)).target.attention == "gqa"
+    del data["target"]["attention_scratch_rows"]
     assert Manifest.from_json(json.dumps(data)).target.attention_scratch_rows == 0
-    for role in ("target", "draft"):
+    for role in [role for role in ("target", "draft") if data.get(role)]:
         del data[role]["graph"], data[role]["kv_layout"]
     manifest = Manifest.from_json(json.dumps(data))
     assert manifest.target.graph == "standard" and manifest.target.kv_layout == "split-bsnh"
@@ -329,9 +370,11 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
     model = onnx.load(str(tmp_path / "b/target/model.onnx"))
     graph = model.graph
     ops = collections.Counter(n.op_type for n in graph.node)
-    assert ops["MatMul"] == 0 and ops["Gemm"] == 0 and ops["GatherBlockQuantized"] == 1
-    # the one Gather left picks the logit rows of the hidden states before the lm_head (contract: logit_rows)
     constants = {t.name for t in graph.initializer}
+    # no float weights: the MatMul / Gemm nodes left are the folded attention's, over activations and the cache
+    assert not [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and constants & set(n.input)]
+    assert ops["GatherBlockQuantized"] == 1
+    # the one Gather left picks the logit rows of the hidden states before the lm_head (contract: logit_rows)
     assert [n.input[0] in constants for n in graph.node if n.op_type == "Gather"] == [False]
     vocab, hidden = 128, 64
     assert not [t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [vocab, hidden]]

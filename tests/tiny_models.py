@@ -31,8 +31,13 @@ def _common(num_layers, max_positions=512, **extra):
     return base
 
 
-def tiny_config(arch: str, num_layers: int = 2, max_positions: int = 512):
+def tiny_config(arch: str, num_layers: int = 2, max_positions: int = 512, kv_heads: int | None = None):
+    """``kv_heads``: KV heads (default 2 of the 4 query heads)."""
     import transformers as tf
+
+    if kv_heads is not None:
+        return type(tiny_config(arch, num_layers, max_positions))(**{
+            **tiny_config(arch, num_layers, max_positions).to_dict(), "num_key_value_heads": kv_heads})
 
     builders = {
         "llama": lambda: tf.LlamaConfig(**_common(num_layers, max_positions)),
@@ -55,13 +60,13 @@ ARCHS = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma", "gemma3_text", "
 
 
 def build_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2,
-                     max_positions: int = 512) -> Path:
+                     max_positions: int = 512, kv_heads: int | None = None) -> Path:
     """Save a random tiny model + tokenizer into ``folder`` (safetensors) and return it."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, num_layers, max_positions))
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, num_layers, max_positions, kv_heads))
     with torch.no_grad():  # larger weights than the default init: peaked, seed-dependent distributions
         for param in model.parameters():
             if param.dim() == 2:

@@ -31,6 +31,12 @@ ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(
 # graph form -> its KV layout: "split-bsnh" = past in [batch, past, kv_heads, head_dim], new rows out separately;
 # "shared-bnsh" = one [batch, kv_heads, max_context, head_dim] buffer per layer read and written in place
 KV_LAYOUTS = {"standard": "split-bsnh", "fused": "shared-bnsh"}
+# the fused form's attention: "gqa" = GroupQueryAttention reads and writes each layer's [1, kv_heads, slots, D]
+# buffer in place (every query head re-reads its KV head: the cost grows 6-7x the cache per pass);
+# "folded" = each KV head's rows [0, cache_rows) are their own input (a view of the same buffer), the new rows are
+# scattered into it in place and the query heads that share it are folded into the rows of one Gemm, so a pass
+# reads every cache row once (docs/bundle.md, "Folded attention")
+ATTENTION_FORMS = ("gqa", "folded")
 
 
 class BundleError(ValueError):
@@ -97,6 +103,7 @@ class ModelSpec:
     # their KV rows land in scratch slots after the new rows (the buffer has max_context + this many slots).
     # 0 in bundles written before this field (their one-token passes round differently from verify passes).
     attention_scratch_rows: int = 0
+    attention: str = "gqa"  # fused form: see ATTENTION_FORMS ("gqa" in bundles written before this field)
 
     def __post_init__(self):
         prefix = self.role if self.role in ROLES else "model"
@@ -109,10 +116,22 @@ class ModelSpec:
         if self.graph != "fused" and self.attention_scratch_rows:
             raise BundleError(f"manifest.json: {prefix}.attention_scratch_rows applies to the fused form only, "
                               f"this graph is {self.graph!r}")
+        if self.attention != "gqa" and (self.graph != "fused" or self.attention_scratch_rows):
+            raise BundleError(f"manifest.json: {prefix}.attention {self.attention!r} is a fused form without scratch rows, "
+                              f"this graph is {self.graph!r} with {self.attention_scratch_rows} scratch rows")
         if KV_LAYOUTS.get(self.graph) != self.kv_layout:
             raise BundleError(f"manifest.json: {prefix} graph form {self.graph!r} with KV layout {self.kv_layout!r} "
                               f"is not one of {sorted(KV_LAYOUTS.items())}")
         _check_geometry(self)
+
+    def kv_tensors(self, layer: int) -> tuple:
+        """Layer ``layer``'s KV tensor names as (past_key, past_value, new_key, new_value) tuples: one for the layer,
+        or one per KV head in the folded form (``<name>.<head>``)."""
+        names = self.kv[layer]
+        base = (names.past_key, names.past_value, names.new_key, names.new_value)
+        if self.attention != "folded":
+            return (base,)
+        return tuple(tuple(f"{name}.{head}" for name in base) for head in range(self.num_kv_heads))
 
     def has_input(self, name: str) -> bool:
         return any(spec.name == name for spec in self.inputs)
@@ -172,11 +191,13 @@ MODEL_FIELDS = {
     "kv_layout": one_of(tuple(KV_LAYOUTS.values())),
     "vocab_subset": optional(text),
     "attention_scratch_rows": int_in(0, 1),
+    "attention": one_of(ATTENTION_FORMS),
 }
 
 
 def _kv_dims(shape: tuple) -> tuple:
-    """The fixed (integer) dimensions of a KV tensor, in order: (kv_heads, head_dim) in any layout."""
+    """The fixed (integer) dimensions of a KV tensor, in order: (kv_heads, head_dim) in any layout, (head_dim,) for
+    one KV head's rows (the folded form)."""
     return tuple(d for d in shape if isinstance(d, int))
 
 
@@ -205,15 +226,18 @@ def _check_geometry(spec: "ModelSpec") -> None:
     if spec.vocab_subset is not None and not (isinstance(width, int) and 0 < width <= spec.vocab_size):
         raise BundleError(f"{role}.vocab_subset scores a pruned vocabulary but the logits tensor has shape "
                           f"{list(logits.shape)} (vocab_size {spec.vocab_size})")
-    for layer, names in enumerate(spec.kv):
-        for name, table, where in ((names.past_key, inputs, "inputs"), (names.past_value, inputs, "inputs"),
-                                   (names.new_key, outputs, "outputs"), (names.new_value, outputs, "outputs")):
+    dims = (spec.head_dim,) if spec.attention == "folded" else (spec.num_kv_heads, spec.head_dim)
+    for layer in range(len(spec.kv)):
+        for name, table, where in ((name, table, where) for past_key, past_value, new_key, new_value in
+                                   spec.kv_tensors(layer) for name, table, where in (
+                                       (past_key, inputs, "inputs"), (past_value, inputs, "inputs"),
+                                       (new_key, outputs, "outputs"), (new_value, outputs, "outputs"))):
             tensor = table.get(name)
             if tensor is None:
                 raise BundleError(f"{role}.kv[{layer}] names {name!r}, which {role}.{where} does not have")
             if tensor.dtype != spec.kv_dtype:
                 raise BundleError(f"{role}.kv_dtype is {spec.kv_dtype} but {name} has dtype {tensor.dtype}")
-            if _kv_dims(tensor.shape) != (spec.num_kv_heads, spec.head_dim):
+            if _kv_dims(tensor.shape) != dims:
                 raise BundleError(f"{role}.num_kv_heads {spec.num_kv_heads} / head_dim {spec.head_dim} do not match "
                                   f"{name} of shape {list(tensor.shape)}")
 
@@ -377,10 +401,19 @@ def graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int,
     return tuple(inputs), tuple(outputs)
 
 
-def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, kv_dtype: str, sliding: bool):
-    """The (inputs, outputs) TensorSpecs of the fused form's contract (module docstring)."""
-    bias_shape = ("batch", 1, "new_tokens", "total_tokens")
-    cache_shape = ("batch", num_kv_heads, "max_context", head_dim)
+PAST_LENGTH = "past_length"  # the folded form's input: slots before this pass's rows (int64 [1])
+
+
+def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, kv_dtype: str, sliding: bool,
+                   attention: str = "gqa"):
+    """The (inputs, outputs) TensorSpecs of the fused form's contract (docs/bundle.md, "I/O contract").
+
+    gqa: the bias covers the pass's total tokens; per layer one [batch, kv_heads, max_context, head_dim] buffer in
+    and out. folded: the bias covers ``cache_rows`` columns (the rows bound, a multiple of the runtime's chunk; the
+    columns past the total are blocked), ``past_length`` says where the new rows go, and per layer and KV head one
+    [cache_rows, head_dim] view in and the same view out."""
+    columns = "cache_rows" if attention == "folded" else "total_tokens"
+    bias_shape = ("batch", 1, "new_tokens", columns)
     inputs = [
         TensorSpec("input_ids", "int64", ("batch", "new_tokens")),
         TensorSpec("position_ids", "int64", ("batch", "new_tokens")),
@@ -388,12 +421,23 @@ def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size
     ]
     if sliding:
         inputs.append(TensorSpec("sliding_attention_bias", "float32", bias_shape))
-    inputs += [TensorSpec("seqlens_k", "int32", ("batch",)), TensorSpec("total_sequence_length", "int32", ()),
-               TensorSpec(LOGIT_ROWS, "int64", (LOGIT_ROWS,))]
+    if attention == "folded":
+        inputs.append(TensorSpec(PAST_LENGTH, "int64", (1,)))
+    else:
+        inputs += [TensorSpec("seqlens_k", "int32", ("batch",)), TensorSpec("total_sequence_length", "int32", ())]
+    inputs.append(TensorSpec(LOGIT_ROWS, "int64", (LOGIT_ROWS,)))
     outputs = [TensorSpec("logits", "float32", ("batch", LOGIT_ROWS, vocab_size))]
     for names in fused_kv_names(num_layers):
-        inputs += [TensorSpec(names.past_key, kv_dtype, cache_shape), TensorSpec(names.past_value, kv_dtype, cache_shape)]
-        outputs += [TensorSpec(names.new_key, kv_dtype, cache_shape), TensorSpec(names.new_value, kv_dtype, cache_shape)]
+        if attention == "folded":
+            for head in range(num_kv_heads):
+                inputs += [TensorSpec(f"{name}.{head}", kv_dtype, ("cache_rows", head_dim))
+                           for name in (names.past_key, names.past_value)]
+                outputs += [TensorSpec(f"{name}.{head}", kv_dtype, ("cache_rows", head_dim))
+                            for name in (names.new_key, names.new_value)]
+        else:
+            cache_shape = ("batch", num_kv_heads, "max_context", head_dim)
+            inputs += [TensorSpec(names.past_key, kv_dtype, cache_shape), TensorSpec(names.past_value, kv_dtype, cache_shape)]
+            outputs += [TensorSpec(names.new_key, kv_dtype, cache_shape), TensorSpec(names.new_value, kv_dtype, cache_shape)]
     return tuple(inputs), tuple(outputs)
 
 

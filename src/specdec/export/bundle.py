@@ -31,7 +31,7 @@ from pathlib import Path
 
 from specdec.contract.bundle import HashCache, default_hash_cache, sha256_file
 from specdec.contract.fim import find_fim_tokens
-from specdec.contract.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, SourceFile
+from specdec.contract.manifest import ATTENTION_FORMS, FORMAT_VERSION, MANIFEST_NAME, Manifest, SourceFile
 from specdec.export.compat import check_pair_facts, check_specs, check_tokenizers, pair_facts, special_token_ids
 from specdec.export.destination import check_destination, remove_dead_staging, swap_into_place
 from specdec.export.quantize import (
@@ -90,6 +90,12 @@ class ExportOptions:
     # one layer: export/streamed.py); "traced" traces the whole float model with torch.onnx (every architecture and
     # both graph forms, about twice the float32 weights in memory); "auto": streamed wherever it applies
     exporter: str = "auto"
+    # the streamed exporter's KV cache element type (its folded attention reads either; the traced graphs keep
+    # float32 in the fused form and the --dtype in the standard form): "auto" = DEFAULT_KV_DTYPE where it applies
+    kv_dtype: str = "auto"
+    # the streamed fused graph's attention (contract/manifest.py ATTENTION_FORMS): "folded" reads each cache row once
+    # per pass; "gqa" is onnxruntime's GroupQueryAttention (the traced exporter's, float32 KV only)
+    attention: str = "folded"
 
     def __post_init__(self):
         if self.quant_method == "auto" and self.draft_quant_method is None:
@@ -101,6 +107,15 @@ class ExportOptions:
             raise ValueError(f"--graph {self.graph!r} is not one of auto, fused, standard")
         if self.exporter not in EXPORTERS:
             raise ValueError(f"--exporter {self.exporter!r} is not one of {', '.join(EXPORTERS)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+        if self.attention not in ATTENTION_FORMS:
+            raise ValueError(f"--attention {self.attention!r} is not one of {', '.join(ATTENTION_FORMS)}")
+        if self.attention == "gqa" and self.kv_dtype not in ("auto", "float32"):
+            raise ValueError(f"--kv-dtype {self.kv_dtype} needs --attention folded (GroupQueryAttention's CPU cache "
+                             "is float32 here)")
+        if self.kv_dtype not in ("auto", "float32") and self.exporter == "traced":
+            raise ValueError(f"--kv-dtype {self.kv_dtype} is the streamed exporter's (its folded attention)")
         fused_ok = self.dtype == "float32" and self.quant != "int4-qdq"
         if self.graph == "fused" and not fused_ok:
             raise ValueError("--graph fused needs --dtype float32 and a --quant other than int4-qdq "
@@ -124,6 +139,16 @@ class ExportOptions:
         for flag, size in (("--block-size", self.block_size), ("--draft-block-size", self.draft_block_size)):
             if size not in BLOCK_SIZES:
                 raise ValueError(f"{flag} {size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
+
+    def kv_dtype_for(self, refusal: str | None) -> str:
+        """The streamed export's KV type (``refusal``: why the model is the traced exporter's, None if it is not)."""
+        if refusal is not None:
+            if self.kv_dtype not in ("auto", "float32"):
+                raise ValueError(f"--kv-dtype {self.kv_dtype} needs the streamed exporter: {refusal}")
+            return "float32"
+        if self.attention == "gqa":
+            return "float32"
+        return DEFAULT_KV_DTYPE if self.kv_dtype == "auto" else self.kv_dtype
 
     def block_size_for(self, role: str) -> int:
         return self.draft_block_size if role == "draft" else self.block_size
@@ -161,6 +186,8 @@ class ExportOptions:
 
 
 EXPORTERS = ("auto", "streamed", "traced")
+KV_DTYPES = ("auto", "float32", "float16")
+DEFAULT_KV_DTYPE = "float32"  # --kv-dtype auto for streamed exports
 
 
 def auto_quant_method(source: str | None, quant: str) -> str:
@@ -312,7 +339,8 @@ def _export_streamed(role, source: ModelSource, tokenizer, options: ExportOption
     progress(f"{role}: streamed export of {source.label} ({what})")
     try:
         spec, parity, report = export_streamed(role, source, tokenizer, plan, staging / role, progress, parity_ids,
-                                               tie_embeddings=options.tie_embeddings)
+                                               tie_embeddings=options.tie_embeddings,
+                                               kv_dtype=options.kv_dtype_for(None), attention=options.attention)
         return spec, parity, {"exporter": "streamed", **report}
     except OSError as exc:
         raise ExportError(f"{role}: {_write_failure(exc, staging / role)}") from None
@@ -325,6 +353,10 @@ def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, st
     refusal = options.streamed_refusal(role, model_type)
     if options.exporter == "streamed" and refusal:
         raise ExportError(f"{role}: --exporter streamed cannot export this model: {refusal}")
+    try:
+        options.kv_dtype_for(refusal if options.exporter != "traced" else "--exporter traced")
+    except ValueError as exc:
+        raise ExportError(f"{role}: {exc}") from None
     if options.exporter != "traced" and refusal is None:
         return run_isolated(_export_streamed, role, source, tokenizer, options, staging, _for_worker(progress))
     return _export_traced(role, source, tokenizer, options, staging, progress)

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "time (peak memory about one layer; Llama, Qwen2, Qwen3, Mistral); traced = the whole "
                              "float model traced by torch.onnx (every architecture and graph form; about twice the "
                              "float32 weights in memory); auto (default) = streamed wherever it applies")
+    parser.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
+                        help="the streamed export's KV cache type (float16 halves the cache's memory; auto = "
+                             "float32); the traced exporter keeps float32 (fused) or --dtype (standard)")
+    parser.add_argument("--attention", default="folded", choices=["folded", "gqa"],
+                        help="the streamed fused graph's attention: folded (default) reads each KV cache row once "
+                             "per pass; gqa = onnxruntime's GroupQueryAttention (float32 KV; the traced exporter's)")
     parser.add_argument("--no-parity", action="store_true", help="skip the ONNX vs PyTorch parity check")
     parser.add_argument("--tie-embeddings", action="store_true",
                         help="one table for the embedding and the lm_head (the lm_head's), stored once in int4: for "
@@ -155,7 +161,8 @@ def _main(args) -> int:
         options = ExportOptions(
             target=str(target), draft=str(draft) if draft else None, out=full_out, dtype=args.dtype,
             quant=args.quant, parity=not args.no_parity, accuracy_level=args.accuracy_level, graph=args.graph,
-            tie_embeddings=args.tie_embeddings, exporter=args.exporter,
+            tie_embeddings=args.tie_embeddings, exporter=args.exporter, kv_dtype=args.kv_dtype,
+            attention=args.attention,
             **{name: value for name, value in (("block_size", args.block_size),
                                                ("draft_block_size", args.draft_block_size),
                                                ("quant_method", args.quant_method),

@@ -70,17 +70,17 @@ class OnnxRunner:
 
     def _run_fused(self, tokens, positions, past, parents, past_positions):
         """The fused form through the runtime's own FusedRunner (the shared, in-place KV buffer it binds)."""
-        from specdec.runners.fused import FusedRunner
+        from specdec.runners.fused import make_runner
 
         past_len, count = past[0][0].shape[0], len(tokens)
-        runner = FusedRunner("", self.spec, "cpu", past_len + count, count, session=self.session)
+        runner = make_runner("", self.spec, "cpu", past_len + count, count, session=self.session)
         for layer, (keys, values) in enumerate(past):
             runner.cache[layer, 0, 0, :, :past_len] = keys.transpose(1, 0, 2)
             runner.cache[layer, 1, 0, :, :past_len] = values.transpose(1, 0, 2)
         runner.slot_positions[:past_len] = np.arange(past_len) if past_positions is None else past_positions
         runner.length = past_len
         logits = runner.forward(tokens, positions, parents).copy()
-        rows = [tuple(runner.cache[layer, kind, 0, :, past_len : past_len + count].transpose(1, 0, 2).copy()
+        rows = [tuple(runner.cache[layer, kind, 0, :, past_len : past_len + count].transpose(1, 0, 2).astype(np.float32)
                       for kind in (0, 1))
                 for layer in range(self.spec.num_layers)]
         return logits, rows

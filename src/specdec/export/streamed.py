@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.contract.manifest import KV_LAYOUTS, ModelSpec, fused_graph_io, fused_kv_names
+from specdec.export.folded_attention import folded_layer, folded_shared
 from specdec.export.gguf_blocks import Grid
 from specdec.export.graph_fused import SCRATCH_ROWS
 from specdec.export.graph_model import SLIDING, layer_types
@@ -105,10 +106,18 @@ def layer_names(index: int) -> dict:
 
 
 class FusedGraphBuilder:
-    """Emits the fused graph into a ``GraphWriter``: the shared inputs, the embedding, layer by layer, the head."""
+    """Emits the fused graph into a ``GraphWriter``: the shared inputs, the embedding, layer by layer, the head.
 
-    def __init__(self, writer: GraphWriter, geometry: Geometry, quantizer: WeightQuantizer | None):
+    ``attention``: "folded" (``folded_attention.py``: each KV head's cache rows read once per pass) or "gqa"
+    (GroupQueryAttention over the layer's buffer with the scratch row); ``kv_dtype``: the cache's element type
+    ("float16" halves its memory; folded only)."""
+
+    def __init__(self, writer: GraphWriter, geometry: Geometry, quantizer: WeightQuantizer | None,
+                 attention: str = "folded", kv_dtype: str = "float32"):
+        if kv_dtype != "float32" and attention != "folded":
+            raise ValueError(f"a {kv_dtype} KV cache needs the folded attention, not {attention!r}")
         self.w, self.g, self.quantizer = writer, geometry, quantizer
+        self.attention, self.kv_dtype = attention, kv_dtype
         self.level = quantizer.plan.accuracy_level if quantizer is not None else None
         self.block_sums: dict = {}  # activation -> its block-sum augmented form (carried grids' corrections)
 
@@ -130,6 +139,11 @@ class FusedGraphBuilder:
         return out
 
     def shared_inputs(self, cos: np.ndarray, sin: np.ndarray) -> dict:
+        if self.attention == "folded":
+            return folded_shared(self.w, self.g, cos, sin)
+        return self._gqa_shared(cos, sin)
+
+    def _gqa_shared(self, cos: np.ndarray, sin: np.ndarray) -> dict:
         """What every layer's GroupQueryAttention reads beside its own tensors: the T + 1 rows' positions and biases
         (the scratch row repeats the last row's position; its bias row and column are 0), the lengths + 1, the
         rotary tables."""
@@ -154,10 +168,49 @@ class FusedGraphBuilder:
         w, g = self.w, self.g
         prefix = f"layers.{index}"
         names = layer_names(index)
-        q_size, kv_size = g.heads * g.head_dim, g.kv_heads * g.head_dim
+        q_size = g.heads * g.head_dim
         bias = np.concatenate([t["q_bias"], t["k_bias"], t["v_bias"]]) if "q_bias" in t else None
         qkv = self.linear(x, [t["attn_q"], t["attn_k"], t["attn_v"]], [names[r] for r in ("attn_q", "attn_k", "attn_v")],
                           "attn_qkv", f"{prefix}/qkv/out", g.hidden, index, bias)
+        if self.attention == "folded":
+            rows = self._folded(index, qkv, t, shared)
+        else:
+            rows = self._gqa(index, qkv, t, shared)
+        o = self.linear(rows, [t["attn_output"]], [names["attn_output"]], "attn_output", f"{prefix}/o_proj/out",
+                        q_size, index)
+        x, hidden = self.skip_norm(o, hidden, t["ffn_norm"], f"{prefix}/ffn_norm")
+        gate_up = self.linear(x, [t["ffn_gate"], t["ffn_up"]], [names["ffn_gate"], names["ffn_up"]], "ffn_gate_up",
+                              f"{prefix}/gate_up/out", g.hidden, index)
+        gate, up = w.node("Split", [gate_up, w.constant([g.intermediate, g.intermediate])], 2,
+                          name=f"{prefix}/gate_up_split", axis=-1)
+        silu = w.one("Mul", [gate, w.one("Sigmoid", [gate], name=f"{prefix}/sigmoid")], name=f"{prefix}/silu")
+        act = w.one("Mul", [silu, up], name=f"{prefix}/act")
+        down = self.linear(act, [t["ffn_down"]], [names["ffn_down"]], "ffn_down", f"{prefix}/down/out", g.intermediate,
+                           index)
+        after = f"layers.{index + 1}/attn_norm" if index + 1 < g.layers else "final_norm"
+        return self.skip_norm(down, hidden, next_norm, after)
+
+    def _split_qkv(self, index: int, qkv: str, t: dict) -> tuple[str, str, str]:
+        """q [B,T,H*D], k [B,T,KVH*D] (per-head normed when the model has q/k norms), v."""
+        w, g = self.w, self.g
+        prefix = f"layers.{index}"
+        q_size, kv_size = g.heads * g.head_dim, g.kv_heads * g.head_dim
+        q, k, v = w.node("Split", [qkv, w.constant([q_size, kv_size, kv_size])], 3, name=f"{prefix}/qkv_split", axis=-1)
+        if g.qk_norm:
+            q = self._head_norm(q, t["attn_q_norm"], g.heads, f"{prefix}/q_norm")
+            k = self._head_norm(k, t["attn_k_norm"], g.kv_heads, f"{prefix}/k_norm")
+        return q, k, v
+
+    def _folded(self, index: int, qkv: str, t: dict, shared: dict) -> str:
+        q, k, v = self._split_qkv(index, qkv, t)
+        bias = shared["sliding_bias"] if self.g.layer_types[index] == SLIDING else shared["bias"]
+        return folded_layer(self.w, self.g, index, q, k, v, shared, bias, self.kv_dtype)
+
+    def _gqa(self, index: int, qkv: str, t: dict, shared: dict) -> str:
+        """GroupQueryAttention over the layer's buffer, T + the scratch row: the attention rows [B,T,H*D]."""
+        w, g = self.w, self.g
+        prefix = f"layers.{index}"
+        q_size, kv_size = g.heads * g.head_dim, g.kv_heads * g.head_dim
         # the scratch row: a copy of the last row, so GroupQueryAttention always takes its multi-row kernel
         last = w.one("Slice", [qkv, w.constant([-1]), w.constant([INT_MAX]), w.constant([1])], name=f"{prefix}/qkv_last")
         qkv = w.one("Concat", [qkv, last], name=f"{prefix}/qkv_scratch", axis=1)
@@ -175,21 +228,8 @@ class FusedGraphBuilder:
             [f"{prefix}/attention/out", f"present.{index}.key", f"present.{index}.value"],
             name=f"{prefix}/attention", domain="com.microsoft", num_heads=g.heads, kv_num_heads=g.kv_heads,
             scale=float(g.head_dim ** -0.5), do_rotary=1, rotary_interleaved=0)[0]
-        rows = w.one("Slice", [attention, w.constant([0]), w.constant([-SCRATCH_ROWS]), w.constant([1])],
+        return w.one("Slice", [attention, w.constant([0]), w.constant([-SCRATCH_ROWS]), w.constant([1])],
                      name=f"{prefix}/attention_rows")
-        o = self.linear(rows, [t["attn_output"]], [names["attn_output"]], "attn_output", f"{prefix}/o_proj/out",
-                        q_size, index)
-        x, hidden = self.skip_norm(o, hidden, t["ffn_norm"], f"{prefix}/ffn_norm")
-        gate_up = self.linear(x, [t["ffn_gate"], t["ffn_up"]], [names["ffn_gate"], names["ffn_up"]], "ffn_gate_up",
-                              f"{prefix}/gate_up/out", g.hidden, index)
-        gate, up = w.node("Split", [gate_up, w.constant([g.intermediate, g.intermediate])], 2,
-                          name=f"{prefix}/gate_up_split", axis=-1)
-        silu = w.one("Mul", [gate, w.one("Sigmoid", [gate], name=f"{prefix}/sigmoid")], name=f"{prefix}/silu")
-        act = w.one("Mul", [silu, up], name=f"{prefix}/act")
-        down = self.linear(act, [t["ffn_down"]], [names["ffn_down"]], "ffn_down", f"{prefix}/down/out", g.intermediate,
-                           index)
-        after = f"layers.{index + 1}/attn_norm" if index + 1 < g.layers else "final_norm"
-        return self.skip_norm(down, hidden, next_norm, after)
 
     def skip_norm(self, x: str, residual: str, gamma: np.ndarray, name: str) -> tuple[str, str]:
         """(RMSNorm(x + residual), x + residual): one SkipSimplifiedLayerNormalization."""
@@ -208,12 +248,14 @@ class FusedGraphBuilder:
 
 
 def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Path, progress, parity_ids=None,
-                    special: dict | None = None, tie_embeddings: bool = False) -> tuple:
+                    special: dict | None = None, tie_embeddings: bool = False, kv_dtype: str = "float32",
+                    attention: str = "folded") -> tuple:
     """Write ``out_dir/model.onnx`` (+ data) for ``source``; returns (ModelSpec, parity report, weight report).
 
     ``parity_ids``: (prompt ids, extra ids) for the parity check against the streamed reference (None: none).
     ``tie_embeddings``: one table for the embedding and the lm_head, the lm_head's (checkpoints tied in the
-    original but shipped with two quantized copies); the reference then uses it for both too."""
+    original but shipped with two quantized copies); the reference then uses it for both too. ``attention`` /
+    ``kv_dtype``: ``FusedGraphBuilder``'s."""
     import torch
 
     from specdec.export.architectures import arch_for
@@ -242,11 +284,10 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
         reference = StreamedReference(config, parity_sequences(*parity_ids))
     started = time.monotonic()
     try:
-        _build(FusedGraphBuilder(writer, g, quantizer), weights, g, config, reference, progress, role,
-               "lm_head.weight" if tie_embeddings else "model.embed_tokens.weight")
-        kv_dtype = "float32"
+        _build(FusedGraphBuilder(writer, g, quantizer, attention, kv_dtype), weights, g, config, reference, progress,
+               role, "lm_head.weight" if tie_embeddings else "model.embed_tokens.weight")
         inputs, outputs = fused_graph_io(g.layers, g.kv_heads, g.head_dim, g.vocab, kv_dtype,
-                                         g.sliding_window is not None)
+                                         g.sliding_window is not None, attention)
         writer.finish(inputs, outputs)
     except BaseException:
         writer.abort()
@@ -261,7 +302,7 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
                      kv_dtype=kv_dtype, dtype="float32", quant=plan.quant, sliding_window=g.sliding_window,
                      bos_token_id=special["bos_token_id"], eos_token_ids=tuple(special["eos_token_ids"]),
                      pad_token_id=special["pad_token_id"], graph="fused", kv_layout=KV_LAYOUTS["fused"],
-                     attention_scratch_rows=SCRATCH_ROWS)
+                     attention_scratch_rows=SCRATCH_ROWS if attention == "gqa" else 0, attention=attention)
     parity = {}
     if reference is not None:
         from specdec.export.parity import check_parity
@@ -279,7 +320,7 @@ def _build(builder: FusedGraphBuilder, weights, g: Geometry, config, reference, 
     present = weights.names()
     if table_name not in present:
         table_name = "model.embed_tokens.weight"
-    cos, sin = rope_tables(config, g.max_positions + SCRATCH_ROWS)
+    cos, sin = rope_tables(config, g.max_positions + (SCRATCH_ROWS if builder.attention == "gqa" else 0))
     shared = builder.shared_inputs(cos, sin)
     del cos, sin
     table = weights.get(table_name)[: g.vocab]

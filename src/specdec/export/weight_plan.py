@@ -78,7 +78,7 @@ class WeightQuantizer:
         bits = 8 if plan.quant == "int8" or (head and plan.lm_head_bits == 8) else 4
         gridded = plan.quant == "int4" and all(tensor.shape[1] % 32 == 0 for tensor in tensors)
         if plan.method in ("gguf", "gguf-int4") and gridded:
-            carried = [self._carried(name, layer, head) for name in names]
+            carried = [self._carried(name, layer, head, tensor.shape[0]) for tensor, name in zip(tensors, names)]
             if all(item is not None for item in carried):
                 return self._runs(carried)
         if plan.method == "k-quant" and gridded:
@@ -103,10 +103,8 @@ class WeightQuantizer:
 
                 kind, grid = found
                 grid = rounded_to_4_bits(grid) if grid.bits == 8 else grid
-                rows = table.shape[0]
                 self._count(f"carried {kind}")
-                return Grid(grid.bits, grid.q[:rows], grid.scale[:rows], grid.zero[:rows],
-                            None if grid.correction is None else grid.correction[:rows])
+                return _first_rows(grid, table.shape[0])
         if q4_k_fits(table.shape):
             self._count("Q4_K")
             return q4_k_grid(table)
@@ -130,14 +128,16 @@ class WeightQuantizer:
         self._count("Q4_K")
         return q4_k_grid(tensor), "Q4_K"
 
-    def _carried(self, name: str, layer: int, head: bool) -> tuple | None:
-        """(the GGUF's Grid of ``name``, its type), rounded to 4 bits for gguf-int4 unless wide; None: not carried."""
+    def _carried(self, name: str, layer: int, head: bool, rows: int) -> tuple | None:
+        """(the GGUF's Grid of ``name``, its type), rounded to 4 bits for gguf-int4 unless wide; None: not carried.
+        ``rows``: the rows the graph keeps (a table padded beyond the tokenizer keeps the tokenizer's)."""
         from specdec.export.gguf_blocks import rounded_to_4_bits
 
         found = self.weights.grid(name)
         if found is None:
             return None
         kind, grid = found
+        grid = _first_rows(grid, rows)
         keep = self.plan.method == "gguf" or self._wide(block_role(name), layer) or (
             head and self.plan.lm_head_bits == 8)
         if grid.bits == 8 and not keep:
@@ -153,6 +153,16 @@ class WeightQuantizer:
         from specdec.export.gguf_carry import _runs
 
         return [pack_grid(grid) for grid, _ in _runs([(kind, grid) for grid, kind in grids])]
+
+
+def _first_rows(grid, rows: int):
+    """``grid`` (a gguf_blocks.Grid) cut to its first ``rows`` rows."""
+    from dataclasses import replace
+
+    if grid.q.shape[0] == rows:
+        return grid
+    return replace(grid, q=grid.q[:rows], scale=grid.scale[:rows], zero=grid.zero[:rows],
+                   correction=None if grid.correction is None else grid.correction[:rows])
 
 
 __all__ = ["Packed", "WeightPlan", "WeightQuantizer", "block_role", "use_more_bits"]

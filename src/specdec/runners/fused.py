@@ -26,11 +26,16 @@ _BLOCKED = np.finfo(np.float32).min
 
 
 def make_runner(onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
-                threads: int | None = None, kept_ids=None):
-    """The runner for ``spec``'s graph form: FusedRunner for "fused", ModelRunner for "standard".
-    ``kept_ids``: a pruned draft's vocabulary (runners/vocab_map.py)."""
-    runner = FusedRunner if spec.graph == "fused" else ModelRunner
-    return runner(onnx_path, spec, provider, max_context, max_step_tokens, threads, kept_ids=kept_ids)
+                threads: int | None = None, kept_ids=None, session=None):
+    """The runner for ``spec``'s graph form: FoldedRunner (runners/folded.py) or FusedRunner for "fused",
+    ModelRunner for "standard". ``kept_ids``: a pruned draft's vocabulary (runners/vocab_map.py)."""
+    if spec.graph == "fused" and spec.attention == "folded":
+        from specdec.runners.folded import FoldedRunner
+
+        runner = FoldedRunner
+    else:
+        runner = FusedRunner if spec.graph == "fused" else ModelRunner
+    return runner(onnx_path, spec, provider, max_context, max_step_tokens, threads, session=session, kept_ids=kept_ids)
 
 
 def check_fused_provider(spec: ModelSpec, provider: str) -> None:

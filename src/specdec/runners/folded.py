@@ -1,0 +1,108 @@
+"""One fused-form model with folded attention (export/folded_attention.py): session, cache, IO binding.
+
+The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, slots, head_dim]`` (float32 or float16, the
+bundle's ``kv_dtype``) with ``slots`` = max_context rounded up to ``CHUNK``. The graph's per-head inputs
+``past.{l}.key.{h}`` and outputs ``present.{l}.key.{h}`` are both bound to the view ``cache[l, 0, 0, h, :rows]``:
+the graph scatters the T new rows into slots [length, length + T) in place and attends over the view. ``rows``
+is the pass's total rounded up to ``CHUNK`` (the bias blocks the columns past the total), so the views are rebound
+once per ``CHUNK`` tokens, not per pass; a pass binds only its small inputs (ids, positions, bias, past length).
+
+Pages of the cache the OS has not been asked for stay unbacked (numpy's zeros): resident memory follows the
+longest context served, not max_context.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.contract.manifest import LOGIT_ROWS, PAST_LENGTH, BundleError, ModelSpec
+from specdec.runners.fused import _BLOCKED, FusedRunner, check_fused_provider
+from specdec.runners.standard import _bind, attach_session
+
+CHUNK = 256  # cache rows bound per step of the views: at most CHUNK - 1 blocked columns per pass
+_KV_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def cache_slots(max_context: int) -> int:
+    return -(-max_context // CHUNK) * CHUNK
+
+
+class FoldedRunner(FusedRunner):
+    def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
+                 threads: int | None = None, session=None, kept_ids=None):
+        if spec.graph != "fused" or spec.attention != "folded":
+            raise BundleError(f"{spec.role}: FoldedRunner needs a fused graph with folded attention")
+        check_fused_provider(spec, provider)
+        if spec.kv_dtype not in _KV_DTYPES:
+            raise BundleError(f"{spec.role}: the folded attention's cache is float32 or float16, not {spec.kv_dtype}")
+        if max_context > spec.max_positions:
+            raise ValueError(f"max_context {max_context} exceeds the model's {spec.max_positions} positions")
+        self._init_book(spec, max_context, max_step_tokens, kept_ids)
+        attach_session(self, onnx_path, provider, threads, session)
+        self.slots = cache_slots(max_context)
+        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, self.slots, spec.head_dim),
+                              _KV_DTYPES[spec.kv_dtype])
+        self._slot_bytes = self.cache.nbytes // self.slots
+        self._ids = np.zeros(max_step_tokens, dtype=np.int64)
+        self._positions = np.zeros(max_step_tokens, dtype=np.int64)
+        self._bias = np.zeros(max_step_tokens * self.slots, dtype=np.float32)
+        self._sliding_bias = np.zeros_like(self._bias) if spec.has_sliding_mask else None
+        self._past = np.zeros(1, dtype=np.int64)
+        self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
+        self._logit_rows = np.arange(max_step_tokens, dtype=np.int64)
+        self._bound_rows = None
+        self._bound_views = 0  # cache rows the per-head views are bound with now
+        self._binding = self.session.io_binding()
+        _bind(self._binding.bind_input, PAST_LENGTH, self._past)
+
+    def _fork(self) -> "FoldedRunner":
+        return FoldedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+                            kept_ids=self.kept_ids)
+
+    def _bind_views(self, rows: int) -> None:
+        spec, binding, dtype = self.spec, self._binding, self.cache.dtype
+        for layer in range(spec.num_layers):
+            for head, (past_key, past_value, new_key, new_value) in enumerate(spec.kv_tensors(layer)):
+                for kind, past, present in ((0, past_key, new_key), (1, past_value, new_value)):
+                    pointer = self.cache[layer, kind, 0, head].ctypes.data
+                    binding.bind_input(past, "cpu", 0, dtype, [rows, spec.head_dim], pointer)
+                    binding.bind_output(present, "cpu", 0, dtype, [rows, spec.head_dim], pointer)
+        self._bound_views = rows
+
+    def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
+        self._execute(ids, positions, mask, sliding, past, 0)
+        return self._logits[: len(ids) * self.logits_width].reshape(len(ids), self.logits_width)
+
+    def _run_last(self, ids, positions, mask, sliding, past) -> np.ndarray:
+        self._execute(ids, positions, mask, sliding, past, 0, last_only=True)
+        return self._logits[: self.logits_width].reshape(1, self.logits_width)
+
+    def _execute(self, ids, positions, mask, sliding, past, first_row, last_only: bool = False) -> None:
+        count = len(ids)
+        total = past + count
+        rows = min(self.slots, -(-total // CHUNK) * CHUNK)
+        if rows != self._bound_views:
+            self._bind_views(rows)
+        self._ids[:count] = ids
+        self._positions[:count] = positions
+        self._past[0] = past
+        binding = self._binding
+        for name, buffer, allowed in (("attention_bias", self._bias, mask),
+                                      ("sliding_attention_bias", self._sliding_bias, sliding)):
+            if allowed is None:
+                continue
+            bias = buffer[: count * rows].reshape(1, 1, count, rows)
+            np.multiply(~allowed, _BLOCKED, out=bias[0, 0, :, :total])
+            bias[0, 0, :, total:] = _BLOCKED
+            _bind(binding.bind_input, name, bias)
+        vocab = self.logits_width
+        out_rows = 1 if last_only else count
+        logits = self._logits[: out_rows * vocab].reshape(1, out_rows, vocab)
+        rows_range = (count - 1, count) if last_only else (0, count)
+        if rows_range != self._bound_rows:  # a binding stays until replaced
+            _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])
+            self._bound_rows = rows_range
+        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
+        _bind(binding.bind_output, "logits", logits)
+        self.session.run_with_iobinding(binding)

@@ -1,0 +1,153 @@
+"""Folded attention (export/folded_attention.py, runners/folded.py): each KV head's cache rows are a graph input
+bound as a view of the runner's buffer, written in place by ScatterND and read once per pass.
+
+Exactness is what matters: a row's logits must not depend on how many cache rows are bound (the chunked views),
+on the pass's width, or on the KV type; a float16 cache keeps greedy speculation token-identical to target-only
+decoding at the same KV type. Each of these checks is shown to fail on a planted bug."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec.contract.manifest import Manifest
+
+pytest.importorskip("torch")
+
+
+def _export(target, draft, out, **options):
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    return export_bundle(ExportOptions(target=str(target), draft=str(draft) if draft else None, out=out, **options),
+                         progress=lambda message: None)
+
+
+@pytest.fixture(scope="module")
+def half_pair(tiny_pair_dirs, tmp_path_factory):
+    """The tiny pair exported with a float16 KV cache (both models)."""
+    target, draft = tiny_pair_dirs
+    out = tmp_path_factory.mktemp("folded") / "half"
+    return out, _export(target, draft, out, kv_dtype="float16")
+
+
+def _runner(bundle, role="target", max_context=512, steps=64):
+    from specdec.runners.fused import make_runner
+
+    spec = getattr(Manifest.read(bundle), role)
+    return make_runner(str(bundle / spec.onnx_file), spec, "cpu", max_context, steps)
+
+
+def _filled(bundle, context: int, **options):
+    runner = _runner(bundle, **options)
+    ids = np.random.default_rng(1).integers(3, 120, context)
+    for start in range(0, context, 64):
+        chunk = ids[start:start + 64]
+        runner.forward(chunk, range(start, start + len(chunk)))
+        runner.commit(len(chunk))
+    return runner
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_rows_logits_do_not_depend_on_the_cache_rows_bound(tiny_bundle, monkeypatch, planted):
+    """The same pass with views of 256-row chunks and of 16-row chunks: bit-identical logits (the extra columns are
+    blocked, so they add exact zeros). Planted: columns past the total left open (bias 0) must change them."""
+    from specdec.runners import folded
+
+    assert Manifest.read(tiny_bundle).target.attention == "folded"
+    logits = {}
+    for chunk in (256, 16):
+        monkeypatch.setattr(folded, "CHUNK", chunk)
+        runner = _filled(tiny_bundle, 300)
+        if planted:
+            monkeypatch.setattr(folded, "_BLOCKED", np.float32(0.0))  # also opens the columns past the total
+        logits[chunk] = runner.forward([5, 6, 7], range(300, 303)).copy()
+        assert runner._bound_views == -(-303 // chunk) * chunk
+        monkeypatch.setattr(folded, "_BLOCKED", np.finfo(np.float32).min)
+    assert np.array_equal(logits[256], logits[16]) != planted
+
+
+@pytest.mark.integration
+def test_the_new_rows_are_written_into_the_bound_views(tiny_bundle, monkeypatch):
+    """A decode step after a prefill equals the prefill's last row (the step read the rows the prefill wrote in place
+    through its views). Planted: present outputs bound to a scratch array (ScatterND then copies into it and the
+    cache keeps zeros) must break it."""
+    from specdec.runners.folded import FoldedRunner
+
+    ids = [int(i) for i in np.random.default_rng(2).integers(3, 120, 40)]
+
+    def decode_gap() -> float:
+        runner = _runner(tiny_bundle, max_context=64)
+        reference = _runner(tiny_bundle, max_context=64).forward(ids, range(40))[-1].copy()
+        runner.forward(ids[:39], range(39))
+        runner.commit(39)
+        return float(np.abs(runner.forward(ids[39:], [39])[0] - reference).max())
+
+    assert decode_gap() < 1e-4
+    original = FoldedRunner._bind_views
+
+    def elsewhere(self, rows):
+        original(self, rows)
+        self._scratch = np.zeros_like(self.cache)
+        for layer in range(self.spec.num_layers):
+            for head, names in enumerate(self.spec.kv_tensors(layer)):
+                for kind, present in ((0, names[2]), (1, names[3])):
+                    self._binding.bind_output(present, "cpu", 0, self.cache.dtype, [rows, self.spec.head_dim],
+                                              self._scratch[layer, kind, 0, head].ctypes.data)
+
+    monkeypatch.setattr(FoldedRunner, "_bind_views", elsewhere)
+    assert decode_gap() > 1e-2
+
+
+@pytest.mark.integration
+def test_one_query_head_per_kv_head_folds_a_copy_and_stays_exact(tmp_path):
+    """A model whose KV heads are its query heads (multi-head attention): the folded rows are stacked twice so no
+    row is a Gemm's only row; parity within float rounding and verify rows equal one-token passes bit for bit."""
+    from tiny_models import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "mha", "llama", seed=3, kv_heads=4)
+    manifest = _export(model, None, tmp_path / "bundle")
+    assert manifest.target.attention == "folded" and manifest.target.num_kv_heads == 4
+    report = manifest.extra["parity_max_abs_error"]["target"]["float"]
+    assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
+    for scenario, errors in report.items():
+        assert errors["logits"] < 1e-4 and errors["kv"] < 1e-4, (scenario, errors)
+
+
+@pytest.mark.integration
+def test_a_float16_cache_halves_the_bytes_and_keeps_greedy_exact(half_pair, tiny_bundle):
+    """float16 KV: the manifest and the runner's cache say so, it takes half the bytes of the float32 one, parity
+    stays within float16 rounding, verify rows equal one-token passes bit for bit, and greedy speculation in every
+    mode is target-only decoding at the same KV type."""
+    from specdec import SpeculativeDecoder
+
+    bundle, manifest = half_pair
+    assert manifest.target.kv_dtype == manifest.draft.kv_dtype == "float16"
+    half, single = _runner(bundle), _runner(tiny_bundle)
+    assert half.cache.dtype == np.float16 and half.cache.nbytes * 2 == single.cache.nbytes
+    report = manifest.extra["parity_max_abs_error"]["target"]["float"]
+    assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
+    assert all(errors["logits"] < 2e-2 for errors in report.values()), report
+    decoder = SpeculativeDecoder.load(bundle)
+    prompt = "def add(a, b):\n    return"
+    baseline = decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0).token_ids
+    for mode in (dict(num_draft_tokens=3, proposer="draft"), dict(tree="2,2,1", proposer="draft"),
+                 dict(num_draft_tokens="auto")):
+        assert decoder.generate(prompt, max_new_tokens=40, **mode).token_ids == baseline, mode
+
+
+def test_kv_dtype_and_attention_options_are_validated(tmp_path):
+    from specdec.export.bundle import ExportOptions
+
+    with pytest.raises(ValueError, match="--kv-dtype"):
+        ExportOptions(target="x", draft=None, out=tmp_path, kv_dtype="int4")
+    with pytest.raises(ValueError, match="--attention"):
+        ExportOptions(target="x", draft=None, out=tmp_path, attention="flash")
+    with pytest.raises(ValueError, match="needs --attention folded"):
+        ExportOptions(target="x", draft=None, out=tmp_path, attention="gqa", kv_dtype="float16")
+    with pytest.raises(ValueError, match="streamed exporter"):
+        ExportOptions(target="x", draft=None, out=tmp_path, exporter="traced", kv_dtype="float16")
+    options = ExportOptions(target="x", draft=None, out=tmp_path)
+    assert options.kv_dtype_for(None) == "float32" and options.attention == "folded"
+    with pytest.raises(ValueError, match="needs the streamed exporter: gpt2"):
+        ExportOptions(target="x", draft=None, out=tmp_path, kv_dtype="float16").kv_dtype_for("gpt2")

@@ -1,5 +1,6 @@
 """Cost model: the Leviathan et al. bound on fake costs, best draft length, the auto controller."""
 
+import numpy as np
 import pytest
 
 from specdec.decoding.cost_model import (AutoDraftLength, Costs, ProbeBudget, best_gamma, expected_speedup,
@@ -264,3 +265,65 @@ def test_calibration_interleaves_widths_and_keeps_wider_passes_at_least_as_costl
     assert runner.widths == [1, 2, 3] * 3
     assert monotone([1.0, 1.2, 1.1, 1.5, 1.4]) == (1.0, 1.2, 1.2, 1.5, 1.5)
     assert monotone([1.0, 1.1, 1.3]) == (1.0, 1.1, 1.3)
+
+
+class _ClockRunner:
+    """A fake runner on a fake clock: a pass of T tokens after ``length`` cached ones advances the clock by
+    ``base(T) + slope(T) * length`` (attention reads the whole cache); restore/kv_layout like a host cache."""
+
+    def __init__(self, clock, base, slope, max_context=8192):
+        self.clock, self.base, self.slope = clock, base, slope
+        self.max_context, self.max_step_tokens, self.length = max_context, 64, 0
+
+    def forward(self, ids, positions, **_):
+        self.clock[0] += self.base(len(ids)) + self.slope(len(ids)) * self.length
+
+    def commit(self, count):
+        self.length += count
+
+    def reset(self):
+        self.length = 0
+
+    def kv_layout(self, count):
+        return (1, 1, count, 1), np.float32
+
+    def restore(self, snapshot, count):
+        self.length = count
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_calibration_measures_how_costs_grow_with_the_context(monkeypatch, planted):
+    """Passes whose cost grows linearly with the cache: calibrate recovers each width's growth and the draft's, and
+    ``at(context)`` prices a pass at 16k as the machine would. Planted: a calibration that times only at 256
+    (what auto did before) must miss the growth and fail."""
+    from specdec.decoding import cost_model
+
+    clock = [0.0]
+    monkeypatch.setattr(cost_model.time, "perf_counter", lambda: clock[0])
+    target = _ClockRunner(clock, lambda t: 0.03 + 0.005 * t, lambda t: 3e-6 + 4e-7 * t)
+    draft = _ClockRunner(clock, lambda t: 0.01, lambda t: 1.5e-6)
+    deep = cost_model.CALIBRATION_CONTEXT if planted else cost_model.DEEP_CONTEXT
+    costs = cost_model.calibrate(target, draft, max_tokens=9, deep_context=deep)
+    at = costs.at(16384)
+    want = [0.03 + 0.005 * t + (3e-6 + 4e-7 * t) * 16384 for t in range(1, 10)]
+    assert (at.verify == pytest.approx(want, rel=1e-6)) != planted
+    assert (at.draft_step == pytest.approx(0.01 + 1.5e-6 * 16384, rel=1e-6)) != planted
+    assert costs.at(100) is costs and target.length == draft.length == 0  # no extrapolation below; caches reset
+
+
+def test_costs_at_a_context_and_their_validation():
+    costs = Costs(draft_step=0.01, verify=(0.03, 0.04), context=256, verify_slope=(1e-6, 2e-6), draft_slope=5e-7)
+    deeper = costs.at(1256)
+    assert deeper.verify == pytest.approx((0.031, 0.042)) and deeper.draft_step == pytest.approx(0.0105)
+    assert deeper.context == 1256 and Costs(0.01, (0.03,)).at(99999).verify == (0.03,)  # unmeasured: flat
+    for bad in (dict(verify_slope=(1e-6,)), dict(verify_slope=(-1.0, 0.0)), dict(draft_slope=-1.0)):
+        with pytest.raises(ValueError):
+            Costs(draft_step=0.01, verify=(0.03, 0.04), **bad)
+
+
+def test_the_stored_costs_keep_their_growth(tmp_path):
+    from specdec.decoding.calibration_store import load_costs, save_costs
+
+    costs = Costs(draft_step=0.01, verify=(0.03, 0.04), context=256, verify_slope=(1e-6, 2e-6), draft_slope=5e-7)
+    save_costs("key", costs, tmp_path / "costs.json")
+    assert load_costs("key", tmp_path / "costs.json") == costs

@@ -103,6 +103,41 @@ def test_memory_budget_suggests_a_context_that_fits(tiny_standard_bundle):
         check_fits(plan, manifest, available=plan.weights // 2, max_context=512)
 
 
+def test_the_default_context_is_the_trained_one_capped_by_memory(tiny_bundle, monkeypatch):
+    """The trained context when it fits; else the largest multiple of 256 that does, counting every KV cache the
+    caller holds and the reserved RAM caches (a budget that forgot a cache or the reserve would pick the trained 512
+    here); the load keeps the reason; a prompt over it stays a one-line error naming max_context."""
+    from specdec import SpeculativeDecoder
+    from specdec.contract.limits import MAX_DRAFT_TOKENS, PREFILL_CHUNK
+    from specdec.runners.memory import CONTEXT_STEP, default_context, kv_bytes_per_token, pass_bytes_per_token
+
+    manifest = Manifest.read(tiny_bundle)
+    trained = manifest.target.max_positions
+    context, why = default_context(tiny_bundle, manifest, available=1 << 40)
+    assert context == trained and "trained context" in why
+    assert default_context(tiny_bundle, manifest, available=None)[0] == trained
+    assert trained == 2 * CONTEXT_STEP
+    step = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
+    fixed = budget(tiny_bundle, manifest, 0, step).total
+    per_token = kv_bytes_per_token(manifest) + pass_bytes_per_token(manifest, step)
+    for caches, reserved in ((1, 0), (3, 0), (2, 1 << 16)):
+        room = fixed + reserved + caches * per_token * (CONTEXT_STEP + 200)  # one step fits, not two
+        context, why = default_context(tiny_bundle, manifest, int(room / 0.9) + 1, step, reserved, caches)
+        assert (context, "capped" in why) == (CONTEXT_STEP, True), (caches, reserved, why)
+        check_fits(budget(tiny_bundle, manifest, context, step, caches=caches), manifest, int(room / 0.9) + 1 - reserved,
+                   context, caches=caches)
+    available = int((fixed + per_token * (CONTEXT_STEP + 200)) / 0.9) + 1
+    monkeypatch.setattr("specdec.decoding.decoder.available_host_memory", lambda: available)
+    decoder = SpeculativeDecoder.load(tiny_bundle, suffix_cache_mib=0)
+    assert decoder.max_context == CONTEXT_STEP and "capped" in decoder.context_reason
+    two = int((fixed + 2 * per_token * (CONTEXT_STEP + 200)) / 0.9) + 1
+    monkeypatch.setattr("specdec.decoding.decoder.available_host_memory", lambda: two)
+    assert SpeculativeDecoder.load(tiny_bundle, suffix_cache_mib=0, kv_caches=2).max_context == CONTEXT_STEP
+    assert SpeculativeDecoder.load(tiny_bundle, suffix_cache_mib=0).max_context == 2 * CONTEXT_STEP and decoder.fork().context_reason == decoder.context_reason
+    with pytest.raises(ValueError, match="max_context"):
+        decoder.generate("x" * (decoder.max_context + 10), max_new_tokens=4)
+
+
 def test_gpu_providers_without_their_packages_say_what_to_install(tiny_standard_bundle):
     import onnxruntime
 

@@ -58,6 +58,14 @@ TESTS_MAX_TOKENS = 256
 REVIEW_MODULE = "colorsys"  # ~1,100 tokens
 REVIEW_EDITS = ((), (("ONE_SIXTH = 1.0/6.0", "ONE_SIXTH = 1 / 6"),),
                 (("ONE_SIXTH = 1.0/6.0", "ONE_SIXTH = 1 / 6"), ("def rgb_to_yiq(", "def rgb_to_yiq_fast(")))
+# a file-reading agent: a repository's files pasted into one chat, then questions whose answers quote them
+AGENT_MODULES = ("configparser", "argparse", "tempfile", "shutil", "textwrap", "shlex", "queue")
+AGENT_SIZES = (8000, 16000, 30000)  # prompt tokens of the long-context traces (30k: a 32k context's agent turn)
+AGENT_TURNS = ("Which method of RawConfigParser reads a file, and what happens when the file is missing? Quote the "
+               "code.",
+               "Now show where interpolation is applied when a value is read, quoting the method.",
+               "Write a short example that reads an INI string with one section and prints one value.")
+AGENT_MAX_TOKENS = 128
 REVIEW_QUESTION = "List every function of this module with a one-line summary of what it computes."
 REVIEW_MAX_TOKENS = 192
 
@@ -119,6 +127,24 @@ def long_trace() -> dict:
                   f"for {LONG_MAX_TOKENS} tokens", requests)
 
 
+def agent_trace(tokens: int) -> dict:
+    """A coding agent's chat after reading files: ``tokens`` tokens of stdlib sources (whole files, the last cut),
+    each under its path, then questions about the first file and follow-ups (history resent each turn)."""
+    parts, left = [], tokens
+    for name in AGENT_MODULES:
+        source = _source(name)
+        whole = len(source) <= left * CHARS_PER_TOKEN
+        parts.append(f"### Lib/{name}.py\n```python\n{source if whole else _cut(source, left)}```\n")
+        left -= int(len(source) / CHARS_PER_TOKEN)
+        if not whole or left <= 0:
+            break
+    files = "Here are the files I read from the repository:\n\n" + "\n".join(parts)
+    requests = [{"route": "chat", "conversation": "repository", "user": f"{files}\n{turn}" if i == 0 else turn,
+                 "max_tokens": AGENT_MAX_TOKENS} for i, turn in enumerate(AGENT_TURNS)]
+    return _trace(f"repo-agent-{tokens // 1000}k", f"a chat after ~{tokens} tokens of pasted stdlib files "
+                  f"({', '.join(AGENT_MODULES[:len(parts)])}), then {len(AGENT_TURNS) - 1} follow-ups", requests)
+
+
 def edit_trace() -> dict:
     requests = []
     for module, function in EDIT_FUNCTIONS:
@@ -158,7 +184,8 @@ def make_traces() -> dict:
     """file name -> trace."""
     return {"chat-paste.json": chat_trace(), "fim-typing.json": fim_trace(), "editor-completion.json": editor_trace(),
             "long-completion.json": long_trace(), "edit-agent.json": edit_trace(), "tests-agent.json": tests_trace(),
-            "review-agent.json": review_trace()}
+            "review-agent.json": review_trace(),
+            **{f"repo-agent-{size // 1000}k.json": agent_trace(size) for size in AGENT_SIZES}}
 
 
 def write_traces(out_dir) -> list:

@@ -20,7 +20,7 @@ from specdec.decoding.cost_model import Costs
 
 log = logging.getLogger(__name__)
 FILE_NAME = "pass-costs.json"
-LAYOUT = 1
+LAYOUT = 2  # 2: the costs' growth with the context (verify_slope, draft_slope)
 
 
 def cpu_model() -> str:
@@ -57,7 +57,9 @@ def _read(path: Path) -> dict:
 def load_costs(key: str, path: Path | None = None) -> Costs | None:
     entry = _read(path or cache_dir() / FILE_NAME).get(key)
     try:
-        return Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]))
+        return Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]),
+                     context=int(entry["context"]), verify_slope=tuple(float(v) for v in entry["verify_slope"]),
+                     draft_slope=float(entry["draft_slope"]))
     except (TypeError, KeyError, ValueError):
         return None
 
@@ -65,7 +67,8 @@ def load_costs(key: str, path: Path | None = None) -> Costs | None:
 def save_costs(key: str, costs: Costs, path: Path | None = None) -> None:
     path = path or cache_dir() / FILE_NAME
     entries = _read(path)
-    entries[key] = {"draft_step": costs.draft_step, "verify": list(costs.verify)}
+    entries[key] = {"draft_step": costs.draft_step, "verify": list(costs.verify), "context": costs.context,
+                    "verify_slope": list(costs.verify_slope), "draft_slope": costs.draft_slope}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:

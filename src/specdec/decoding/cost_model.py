@@ -6,8 +6,11 @@ per-token acceptance rate ``a`` and draft length ``g``:
   cost of a round            C(g) = g * c_draft + c_verify(g + 1)
   speedup vs target-only     S(g) = E(g) * c_verify(1) / C(g)        (S(0) = 1: plain decoding)
 Costs come from timing this machine's own forward passes (``calibrate``), so the choice of g
-reflects how the verify cost really grows with T here. Pure functions, plus a small
-per-request controller for ``num_draft_tokens="auto"``.
+reflects how the verify cost really grows with T here, and with the context: passes are timed at
+256 cached tokens and again at 4,096 (random cache rows: a pass's time does not depend on their
+values), and ``Costs.at(context)`` extends each width's cost linearly in the context (attention reads
+the whole cache each pass). Pure functions, plus a small per-request controller for
+``num_draft_tokens="auto"``.
 """
 
 from __future__ import annotations
@@ -19,16 +22,35 @@ from dataclasses import dataclass
 import numpy as np
 
 CALIBRATION_CONTEXT = 256  # cached tokens behind the timed passes of calibrate()
+DEEP_CONTEXT = 4096  # and again behind these many: the costs' growth with the context
 
 
 @dataclass(frozen=True)
 class Costs:
     draft_step: float  # seconds for one draft pass over one token
     verify: tuple  # verify[T - 1]: seconds for one target pass over T tokens, T = 1..len(verify)
+    context: int = CALIBRATION_CONTEXT  # the cached tokens these costs were timed at
+    # seconds more per cached token beyond ``context``: verify_slope[T - 1] for the target's T-token pass (empty:
+    # not measured, the costs are taken as flat), draft_slope for the draft's step
+    verify_slope: tuple = ()
+    draft_slope: float = 0.0
 
     def __post_init__(self):
         if self.draft_step < 0 or not self.verify or min(self.verify) <= 0:
             raise ValueError("costs must be positive, with at least the T=1 target cost")
+        if self.verify_slope and (len(self.verify_slope) != len(self.verify) or min(self.verify_slope) < 0):
+            raise ValueError("verify_slope needs one slope >= 0 per verify width")
+        if self.draft_slope < 0:
+            raise ValueError("draft_slope must be >= 0")
+
+    def at(self, context: int) -> "Costs":
+        """The costs of passes after ``context`` cached tokens (never below the measured ones)."""
+        extra = context - self.context
+        if extra <= 0 or not (self.verify_slope or self.draft_slope):
+            return self
+        verify = self.verify_slope or (0.0,) * len(self.verify)
+        return Costs(self.draft_step + self.draft_slope * extra,
+                     tuple(cost + slope * extra for cost, slope in zip(self.verify, verify)), context)
 
     def verify_cost(self, tokens: int) -> float:
         if tokens <= len(self.verify):
@@ -271,27 +293,61 @@ def monotone(verify) -> tuple:
     return tuple(float(cost) for cost in np.maximum.accumulate(np.asarray(verify, dtype=float)))
 
 
-def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5) -> Costs:
-    """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens.
+def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5,
+              deep_context: int = DEEP_CONTEXT) -> Costs:
+    """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens, and
+    their growth up to ``deep_context`` (when the caches hold it and the runners can take a cache's rows).
 
     Widths 1..9 are timed each; wider ones (suffix trees verify up to ``max_tokens``) at 17 and 33, the
     rest interpolated linearly between them."""
     context = min(context, target.max_context - max_tokens - 1)
     widths = calibration_widths(max_tokens)
+    runners = [runner for runner in (target, draft) if runner is not None]
+    deep = deep_context if all(_can_fill_fast(r, deep_context + max_tokens + 1) for r in runners) else None
+    deep = deep if deep is not None and deep > context else None
+
+    def timed_at(runner, fill, wanted) -> list:
+        fill(runner)
+        time_passes(runner, wanted, 1)  # warm-up (first runs allocate)
+        return time_passes(runner, wanted, repeats)
+
     try:
-        fill_context(target, context)
-        time_passes(target, widths, 1)  # warm-up (first runs allocate)
-        timed = time_passes(target, widths, repeats)
-        verify = monotone(np.interp(np.arange(1, max_tokens + 1), widths, timed))
-        draft_step = 0.0
+        shallow = lambda runner: fill_context(runner, context)  # noqa: E731
+        verify = monotone(np.interp(np.arange(1, max_tokens + 1), widths, timed_at(target, shallow, widths)))
+        draft_step = timed_at(draft, shallow, [1])[0] if draft is not None else 0.0
+        if deep is None:
+            return Costs(draft_step=draft_step, verify=verify, context=context)
+        filled = lambda runner: fill_random(runner, deep)  # noqa: E731
+        deeper = monotone(np.interp(np.arange(1, max_tokens + 1), widths, timed_at(target, filled, widths)))
+        slope = tuple(max(0.0, (far - near) / (deep - context)) for near, far in zip(verify, deeper))
+        draft_slope = 0.0
         if draft is not None:
-            fill_context(draft, context)
-            time_passes(draft, [1], 1)
-            draft_step = time_passes(draft, [1], repeats)[0]
+            draft_slope = max(0.0, (timed_at(draft, filled, [1])[0] - draft_step) / (deep - context))
     finally:
-        for runner in filter(None, (target, draft)):
+        for runner in runners:
             runner.reset()
-    return Costs(draft_step=draft_step, verify=verify)
+    return Costs(draft_step=draft_step, verify=verify, context=context, verify_slope=slope, draft_slope=draft_slope)
+
+
+def _can_fill_fast(runner, slots: int) -> bool:
+    if runner.max_context < slots:
+        return False
+    try:
+        runner.kv_layout(1)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def fill_random(runner, context: int) -> None:
+    """Reset the runner and give it ``context`` committed slots of random keys/values (token 0): what a pass at that
+    depth reads, without the minutes a prefill of it takes."""
+    from specdec.runners.runner import KVSnapshot
+
+    shape, dtype = runner.kv_layout(context)
+    rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
+    runner.reset()
+    runner.restore(KVSnapshot(np.zeros(context, dtype=np.int64), rows), context)
 
 
 def calibration_widths(max_tokens: int) -> list:

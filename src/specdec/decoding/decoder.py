@@ -44,13 +44,13 @@ from specdec.decoding.rules import TokenRule
 import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
 from specdec.runners.runner import RUNNER_BACKENDS
 from specdec.decoding.text import TextCodec
+from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
 from specdec.runners.row_parity import check_one_row
 from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_CONTEXT = 2048
 CALIBRATED_WIDTH = MAX_SUFFIX_NODES + 1  # the widest verify pass "auto" plans: a suffix tree plus the pending token
 
 
@@ -81,6 +81,7 @@ class SpeculativeDecoder:
         self.probe_budget = probe_budget if probe_budget is not None else ProbeBudget(DRAFT_PROBE_SHARE)
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
+        self.context_reason = ""  # why max_context is what it is (load's default: the trained context or memory)
         self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked:
         # a GPU provider, or a cache too small to compare)
         # (role, tokens, seconds) of every pass with every row's logits, as the proposer sees them (for tools)
@@ -89,10 +90,14 @@ class SpeculativeDecoder:
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
              verify: bool = True, cache_ram_mib: float = 0,
-             suffix_cache_mib: float = DEFAULT_CACHE_MIB, exact_rows: bool = False) -> "SpeculativeDecoder":
+             suffix_cache_mib: float = DEFAULT_CACHE_MIB, exact_rows: bool = False,
+             kv_caches: int = 1) -> "SpeculativeDecoder":
         """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
 
-        ``max_context`` sizes the preallocated KV caches (default: 2048, or the target's max positions if smaller).
+        ``max_context`` sizes the KV caches. Default: the model's trained context (its max positions), capped by
+        free memory (weights, ``kv_caches`` caches at that context, pass buffers, the RAM caches below, 10%
+        headroom: runners/memory.py ``default_context``); the choice and its reason are logged and kept as
+        ``context_reason``. ``kv_caches``: the caches the caller will hold at once (a server forks one per worker).
         ``cache_ram_mib``: a prompt cache in host RAM of that many MiB, shared by every fork (0: none): KV
         snapshots of recent prefixes of both models that a later request sharing a prefix restores by one copy.
         ``suffix_cache_mib``: the store of recent requests' outputs that suffix proposals search, shared by every
@@ -108,16 +113,25 @@ class SpeculativeDecoder:
         for name, value in (("cache_ram_mib", cache_ram_mib), ("suffix_cache_mib", suffix_cache_mib)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if isinstance(kv_caches, bool) or not isinstance(kv_caches, int) or kv_caches < 1:
+            raise ValueError(f"kv_caches must be an integer >= 1, got {kv_caches!r}")
         root = Path(bundle_dir)
         manifest = open_bundle(root, verify=verify, hash_cache=default_hash_cache())
+        step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
+        available = _free_memory(provider)
         if max_context is None:
-            max_context = min(DEFAULT_MAX_CONTEXT, manifest.target.max_positions)
+            reserved = int((cache_ram_mib + suffix_cache_mib) * 2**20)
+            max_context, reason = default_context(root, manifest, available, step_tokens, reserved, kv_caches)
+            log.info("max_context %d: %s", max_context, reason)
+        else:
+            reason = "--max-context / max_context"
         if isinstance(max_context, bool) or not isinstance(max_context, int) or not (
                 2 <= max_context <= manifest.target.max_positions):
             raise ValueError(f"max_context must be an integer in 2..{manifest.target.max_positions} "
                              f"(the target's max positions), got {max_context!r}")
-        step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
-        _check_memory(root, manifest, max_context, step_tokens, provider)
+        if available is not None:
+            check_fits(budget(root, manifest, max_context, step_tokens, caches=kv_caches), manifest, available,
+                       max_context, caches=kv_caches)
         if provider in RUNNER_BACKENDS:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
@@ -143,6 +157,7 @@ class SpeculativeDecoder:
         decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
                       calibration_key=key, suffix_cache=suffix, identity=identity)
         decoder.rows_exact = rows_exact
+        decoder.context_reason = reason
         return decoder
 
     def fork(self) -> "SpeculativeDecoder":
@@ -153,6 +168,7 @@ class SpeculativeDecoder:
                                     self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget,
                                     self.identity)
         forked.rows_exact = self.rows_exact
+        forked.context_reason = self.context_reason
         return forked
 
     def costs(self) -> Costs:
@@ -380,8 +396,9 @@ class SpeculativeDecoder:
             if self.prompt_cache is not None:
                 missing = min(missing, len(tokens) - leave - self.prompt_cache.peek("draft", tokens))
             missing = max(missing, 0)
-        return ProposerResources(self.max_context, draft, self._measured_costs, self.suffix_cache, self.probe_budget,
-                                 missing, self._prefill_per_token)
+        context = len(tokens)  # the costs at this request's depth (attention grows with it: cost_model.Costs.at)
+        return ProposerResources(self.max_context, draft, lambda: self._measured_costs().at(context),
+                                 self.suffix_cache, self.probe_budget, missing, self._prefill_per_token)
 
 
 def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None,
@@ -452,10 +469,8 @@ class TextStream:
         return self._state.stats
 
 
-def _check_memory(root: Path, manifest, max_context: int, step_tokens: int, provider: str) -> None:
-    """Refuse, before allocating, a load that cannot fit (host RAM, or the GPU's free memory)."""
-    from specdec.runners.memory import available_host_memory, budget, check_fits
-
+def _free_memory(provider: str) -> int | None:
+    """Bytes a load may take: host RAM available, or the GPU's free memory for the GPU providers (None: unknown)."""
     available = available_host_memory()
     if provider in ("cuda", "tensorrt", "tensorrt-native"):
         try:
@@ -464,5 +479,4 @@ def _check_memory(root: Path, manifest, max_context: int, step_tokens: int, prov
             available = free_device_memory()
         except (ValueError, RuntimeError):
             pass  # no cuda-python: the provider check reports what is missing
-    if available is not None:
-        check_fits(budget(root, manifest, max_context, step_tokens), manifest, available, max_context)
+    return available

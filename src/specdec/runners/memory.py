@@ -1,4 +1,5 @@
-"""Will a bundle fit? Weights + KV cache at max context + buffers + workspace, against free memory.
+"""Will a bundle fit? Weights + KV caches at max context + buffers + workspace, against free memory; and the
+default max context: the model's trained context, capped by what fits.
 
 On Jetson the GPU and CPU share one memory: the same budget applies to both, and it is the
 usual reason a load fails half-way. The check runs before anything is allocated and says what
@@ -31,29 +32,68 @@ class Budget:
         return self.weights + self.kv_cache + self.buffers + self.workspace
 
 
+CONTEXT_STEP = 256  # a default context is a multiple of this
+
+
 def kv_bytes_per_token(manifest: Manifest) -> int:
     return sum(2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * _ITEMSIZE[spec.kv_dtype]
                for spec in manifest.models().values())
 
 
+def pass_bytes_per_token(manifest: Manifest, step_tokens: int) -> int:
+    """Per token of context, what one pass of ``step_tokens`` rows holds besides the cache: the runner's mask and
+    additive bias (1 + 4 bytes a row) and the attention's scores and probabilities (float32, every query head's
+    rows) of both models."""
+    total = 0
+    for spec in manifest.models().values():
+        heads = spec.num_kv_heads * max(2, spec.hidden_size // (spec.num_kv_heads * spec.head_dim))
+        total += step_tokens * 5 + 2 * heads * step_tokens * 4
+    return total
+
+
 def budget(bundle_dir: str | Path, manifest: Manifest, max_context: int, step_tokens: int = 64,
-           workspace: int = 0) -> Budget:
+           workspace: int = 0, caches: int = 1) -> Budget:
+    """``caches``: KV caches held at once (a server's workers each fork one)."""
     root = Path(bundle_dir)
     weights = sum((root / rel).stat().st_size for rel in manifest.files
                   if rel.startswith(("target/", "draft/")) and (root / rel).is_file())
-    buffers = sum(step_tokens * spec.vocab_size * 4 + step_tokens * max_context for spec in manifest.models().values())
-    return Budget(weights=weights, kv_cache=kv_bytes_per_token(manifest) * max_context, buffers=buffers,
+    buffers = sum(step_tokens * spec.vocab_size * 4 for spec in manifest.models().values())
+    buffers += caches * pass_bytes_per_token(manifest, step_tokens) * max_context
+    return Budget(weights=weights, kv_cache=caches * kv_bytes_per_token(manifest) * max_context, buffers=buffers,
                   workspace=workspace)
 
 
-def check_fits(plan: Budget, manifest: Manifest, available: int, max_context: int, headroom: float = 0.9) -> None:
+def default_context(bundle_dir: str | Path, manifest: Manifest, available: int | None, step_tokens: int = 64,
+                    reserved: int = 0, caches: int = 1, headroom: float = 0.9) -> tuple[int, str]:
+    """(max context, why): the trained context of the pair (the smaller max positions) when weights, ``caches`` KV
+    caches at that context, pass buffers and ``reserved`` bytes (RAM prompt cache, suffix store) fit in
+    ``headroom`` of ``available`` bytes; else the largest multiple of CONTEXT_STEP that does (at least one step:
+    a load that cannot fit even that is refused by ``check_fits`` with what to do)."""
+    trained = min(spec.max_positions for spec in manifest.models().values())
+    gib = 1 << 30
+    if available is None:
+        return trained, f"the model's trained context {trained} (free memory unknown on this system)"
+    fixed = budget(bundle_dir, manifest, 0, step_tokens).total + reserved
+    per_token = caches * (kv_bytes_per_token(manifest) + pass_bytes_per_token(manifest, step_tokens))
+    fits = max(0, int(available * headroom) - fixed) // per_token // CONTEXT_STEP * CONTEXT_STEP
+    kv = f"{kv_bytes_per_token(manifest) / 1024:.0f} KiB of KV per token x {caches} cache{'s' * (caches > 1)}"
+    if fits >= trained:
+        return trained, (f"the model's trained context {trained}: fits ({(fixed + per_token * trained) / gib:.2f} "
+                         f"GiB with {kv}) in {available / gib:.2f} GiB free")
+    chosen = max(fits, min(CONTEXT_STEP, trained))
+    return chosen, (f"capped below the trained {trained} by memory: {available / gib:.2f} GiB free, weights and "
+                    f"buffers {fixed / gib:.2f} GiB, {kv}; --max-context overrides")
+
+
+def check_fits(plan: Budget, manifest: Manifest, available: int, max_context: int, headroom: float = 0.9,
+               caches: int = 1) -> None:
     """Raise MemoryBudgetError with a suggestion when ``plan`` exceeds ``headroom`` of ``available`` bytes."""
     limit = int(available * headroom)
     if plan.total <= limit:
         return
     gib = 1 << 30
     spare = limit - plan.weights - plan.buffers - plan.workspace
-    per_token = kv_bytes_per_token(manifest)
+    per_token = caches * kv_bytes_per_token(manifest)
     if spare > per_token * 256:
         hint = f"load with max_context={spare // per_token // 256 * 256} (fits), or export with --quant int4"
     else:

@@ -108,10 +108,11 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
     replica's one path from a bundle to an app."""
     from specdec.decoding.decoder import SpeculativeDecoder
 
-    load = load or LoadOptions()
-    decoder = SpeculativeDecoder.load(bundle, **load.load_kwargs())
-    log.info("loaded %s (max_context %d, provider %s)", bundle, decoder.max_context, load.provider)
-    return create_app(DecoderPool(decoder, pool or PoolOptions()), server)
+    load, pool = load or LoadOptions(), pool or PoolOptions()
+    decoder = SpeculativeDecoder.load(bundle, **load.load_kwargs(), kv_caches=pool.workers)
+    log.info("loaded %s on %s: max_context %d (%s)", bundle, load.provider, decoder.max_context,
+             decoder.context_reason)
+    return create_app(DecoderPool(decoder, pool), server)
 
 
 def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:

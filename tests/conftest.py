@@ -127,7 +127,8 @@ class _BundlesPerForm:
 
         if (arch, form) not in self._bundles:
             out = self.root / f"{arch}-{form}"
-            options = dict(graph="fused", attention="gqa") if form == "gqa" else dict(graph=form)
+            # float32 KV: these bundles are compared with PyTorch and with each other at float32 tolerances
+            options = dict(graph="fused", attention="gqa") if form == "gqa" else dict(graph=form, kv_dtype="float32")
             manifest = export_bundle(ExportOptions(target=str(self.model(arch)), draft=None, out=out, **options),
                                      progress=lambda msg: None)
             self._bundles[(arch, form)] = (out, manifest)

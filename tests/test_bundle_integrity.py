@@ -241,9 +241,9 @@ def test_wrong_typed_sections_name_the_section(tiny_bundle, section, value, mess
 
 @pytest.mark.parametrize("path, value, message", [
     ("target.vocab_size", 130, r"target.vocab_size is 130 but the logits tensor has shape"),
-    ("target.head_dim", 8, r"target.num_kv_heads 2 / head_dim 8 do not match past.0.key"),
-    ("draft.num_kv_heads", 4, r"draft.num_kv_heads 4 / head_dim 16 do not match past.0.key"),
-    ("target.kv_dtype", "float16", r"target.kv_dtype is float16 but past.0.key has dtype float32"),
+    ("target.head_dim", 8, r"target.num_kv_heads 2 / head_dim 8 do not match past.0.key.0"),
+    ("draft.num_kv_heads", 4, r"draft.kv\[0\] names 'past.0.key.2', which draft.inputs does not have"),
+    ("target.kv_dtype", "float32", r"target.kv_dtype is float32 but past.0.key.0 has dtype float16"),
     ("target.num_layers", 3, r"target.kv has 2 name sets for num_layers 3"),
 ])
 def test_geometry_edits_are_refused_at_load_not_at_generate(bundle_copy, path, value, message):

@@ -23,11 +23,11 @@ def _export(target, draft, out, **options):
 
 
 @pytest.fixture(scope="module")
-def half_pair(tiny_pair_dirs, tmp_path_factory):
-    """The tiny pair exported with a float16 KV cache (both models)."""
+def single_pair(tiny_pair_dirs, tmp_path_factory):
+    """The tiny pair exported with a float32 KV cache (both models; the default is float16)."""
     target, draft = tiny_pair_dirs
-    out = tmp_path_factory.mktemp("folded") / "half"
-    return out, _export(target, draft, out, kv_dtype="float16")
+    out = tmp_path_factory.mktemp("folded") / "single"
+    return out, _export(target, draft, out, kv_dtype="float32")
 
 
 def _runner(bundle, role="target", max_context=512, steps=64):
@@ -106,7 +106,7 @@ def test_one_query_head_per_kv_head_folds_a_copy_and_stays_exact(tmp_path):
     from tiny_models import build_tiny_model
 
     model = build_tiny_model(tmp_path / "mha", "llama", seed=3, kv_heads=4)
-    manifest = _export(model, None, tmp_path / "bundle")
+    manifest = _export(model, None, tmp_path / "bundle", kv_dtype="float32")
     assert manifest.target.attention == "folded" and manifest.target.num_kv_heads == 4
     report = manifest.extra["parity_max_abs_error"]["target"]["float"]
     assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
@@ -115,15 +115,16 @@ def test_one_query_head_per_kv_head_folds_a_copy_and_stays_exact(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_float16_cache_halves_the_bytes_and_keeps_greedy_exact(half_pair, tiny_bundle):
-    """float16 KV: the manifest and the runner's cache say so, it takes half the bytes of the float32 one, parity
-    stays within float16 rounding, verify rows equal one-token passes bit for bit, and greedy speculation in every
-    mode is target-only decoding at the same KV type."""
+def test_a_float16_cache_halves_the_bytes_and_keeps_greedy_exact(tiny_bundle, single_pair):
+    """float16 KV (the default): the manifest and the runner's cache say so, it takes half the bytes of the float32
+    one, parity stays within float16 rounding, verify rows equal one-token passes bit for bit, and greedy
+    speculation in every mode is target-only decoding at the same KV type."""
     from specdec import SpeculativeDecoder
 
-    bundle, manifest = half_pair
+    bundle, manifest = tiny_bundle, Manifest.read(tiny_bundle)
     assert manifest.target.kv_dtype == manifest.draft.kv_dtype == "float16"
-    half, single = _runner(bundle), _runner(tiny_bundle)
+    assert single_pair[1].target.kv_dtype == "float32"
+    half, single = _runner(bundle), _runner(single_pair[0])
     assert half.cache.dtype == np.float16 and half.cache.nbytes * 2 == single.cache.nbytes
     report = manifest.extra["parity_max_abs_error"]["target"]["float"]
     assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
@@ -148,6 +149,8 @@ def test_kv_dtype_and_attention_options_are_validated(tmp_path):
     with pytest.raises(ValueError, match="streamed exporter"):
         ExportOptions(target="x", draft=None, out=tmp_path, exporter="traced", kv_dtype="float16")
     options = ExportOptions(target="x", draft=None, out=tmp_path)
-    assert options.kv_dtype_for(None) == "float32" and options.attention == "folded"
+    assert options.kv_dtype_for(None) == "float16" and options.attention == "folded"
+    assert ExportOptions(target="x", draft=None, out=tmp_path, attention="gqa").kv_dtype_for(None) == "float32"
+    assert options.kv_dtype_for("gpt2 is the traced exporter's") == "float32"
     with pytest.raises(ValueError, match="needs the streamed exporter: gpt2"):
         ExportOptions(target="x", draft=None, out=tmp_path, kv_dtype="float16").kv_dtype_for("gpt2")

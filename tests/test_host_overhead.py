@@ -142,11 +142,13 @@ class UnwrappingSession:
 
 def test_fused_pass_rebinds_only_its_per_pass_inputs(fused_runner):
     """20 real passes at context 1,500: each binds ids, positions, bias and logits once, never a KV buffer; the
-    graph's present outputs stay the cache's own blocks (bound once, at construction)."""
+    graph's KV outputs stay views of the cache (folded attention: each KV head's rows, bound on the first pass and
+    again only when the pass's total crosses a 256-row chunk; GroupQueryAttention: each layer's block, bound at
+    construction)."""
     runner = fused_runner
     spec = runner.spec
-    kv_names = {name for names in spec.kv for name in (names.past_key, names.past_value, names.new_key,
-                                                        names.new_value)}
+    folded = spec.attention == "folded"
+    kv_names = {name for layer in range(spec.num_layers) for names in spec.kv_tensors(layer) for name in names}
     cache = runner.cache
     binding = CountingBinding(runner._binding)
     runner._binding, runner.session = binding, UnwrappingSession(runner.session)
@@ -157,16 +159,21 @@ def test_fused_pass_rebinds_only_its_per_pass_inputs(fused_runner):
         runner.forward([3] * NEW, range(PAST, PAST + NEW))
         per_pass.append(list(binding.bound))
     expected = ["input_ids", "position_ids", "attention_bias", "logits"]
+    first = set(per_pass[0]) - kv_names if folded else set(per_pass[0])
+    if folded:
+        assert kv_names <= set(per_pass[0]), "the first pass binds every KV view"
     if spec.has_input("logit_rows"):  # bound again only when the rows asked for change (here: after the fill)
-        assert sorted(per_pass[0]) in (sorted(expected), sorted(expected + ["logit_rows"])), per_pass[0]
+        assert sorted(first) in (sorted(expected), sorted(expected + ["logit_rows"])), per_pass[0]
         per_pass = per_pass[1:]
     for bound in per_pass:
         assert not kv_names & set(bound), f"a pass rebound KV buffers: {sorted(kv_names & set(bound))}"
         assert sorted(bound) == sorted(expected), bound
     assert runner.cache is cache, "the cache array was replaced during a pass"
     pointers = {value.data_ptr() for value in binding.real.get_outputs()}
-    blocks = {cache[layer, kind].ctypes.data for layer in range(spec.num_layers) for kind in (0, 1)}
-    assert blocks <= pointers and len(pointers) == len(blocks) + 1, "a present output is not a cache block"
+    heads = range(spec.num_kv_heads) if folded else [slice(None)]
+    blocks = {cache[layer, kind, 0, head].ctypes.data for layer in range(spec.num_layers) for kind in (0, 1)
+              for head in heads}
+    assert blocks <= pointers and len(pointers) == len(blocks) + 1, "a KV output is not a view of the cache"
 
 
 def _pass_peak(runner, past: int, passes: int = 20) -> int:

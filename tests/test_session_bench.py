@@ -17,10 +17,17 @@ def test_traces_are_deterministic_and_have_the_promised_shapes(tmp_path):
     assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
     written = traces.write_traces(tmp_path)
     assert sorted(p.name for p in written) == ["chat-paste.json", "edit-agent.json", "editor-completion.json",
-                                               "fim-typing.json", "long-completion.json", "review-agent.json",
+                                               "fim-typing.json", "long-completion.json", "repo-agent-16k.json",
+                                               "repo-agent-30k.json", "repo-agent-8k.json", "review-agent.json",
                                                "tests-agent.json"]
     assert all(traces.load_trace(p) == first[p.name] for p in written)
     tokens = lambda text: len(text) / traces.CHARS_PER_TOKEN  # noqa: E731  (the generator's own estimate)
+
+    for size in (8, 16, 30):  # a long paste of whole files (the last cut), then short follow-ups in one chat
+        agent = first[f"repo-agent-{size}k.json"]["requests"]
+        assert len(agent) == 3 and {r["conversation"] for r in agent} == {"repository"}
+        assert 0.97 * size * 1000 < tokens(agent[0]["user"]) < 1.03 * size * 1000, size
+        assert agent[0]["user"].count("### Lib/") >= 1 and all(tokens(r["user"]) < 100 for r in agent[1:])
 
     chat = first["chat-paste.json"]["requests"]
     assert len(chat) == 4 and {r["conversation"] for r in chat} == {"paste"}

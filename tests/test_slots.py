@@ -223,7 +223,7 @@ def test_header_checks_against_the_loaded_bundle(fim_bundle, tmp_path):
         header["models"][0]["shape"][0] += 1
 
     def dtype(header):
-        header["models"][0]["dtype"] = "<f2"
+        header["models"][0]["dtype"] = "<f4" if header["models"][0]["dtype"] == "<f2" else "<f2"
 
     def tokens(header):
         header["models"][0]["tokens"] = decoder.max_context + 1

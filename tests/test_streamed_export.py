@@ -27,29 +27,34 @@ def _export(target, draft, out, **options):
 
 @pytest.mark.integration
 def test_streamed_int4_bundle_decodes_as_the_traced_one(tiny_pair_dirs, tmp_path):
-    """Streamed and traced exports of the tiny pair (int4, rtn): the same weight bytes (MLAS's projections, the
-    embedding's blocks), so both models' parity errors are equal and every mode gives the same greedy tokens; the
-    target's verify rows equal its one-token passes bit for bit."""
+    """Streamed (with the traced graph's GroupQueryAttention, --attention gqa) and traced exports of the tiny pair
+    (int4, rtn): the same weight bytes (MLAS's projections, the embedding's blocks), so both models' parity errors
+    are equal and every mode gives the same greedy tokens; the target's verify rows equal its one-token passes bit
+    for bit. The default streamed export (folded attention, float16 KV) decodes each mode as its own target-only."""
     from specdec import SpeculativeDecoder
 
     target, draft = tiny_pair_dirs
-    streamed = _export(target, draft, tmp_path / "streamed", quant="int4", exporter="streamed")
+    streamed = _export(target, draft, tmp_path / "streamed", quant="int4", exporter="streamed", attention="gqa")
     traced = _export(target, draft, tmp_path / "traced", quant="int4", exporter="traced")
-    assert streamed.extra["exporter"] == {"draft": "streamed", "target": "streamed"}
+    folded = _export(target, draft, tmp_path / "folded", quant="int4")
+    assert streamed.extra["exporter"] == folded.extra["exporter"] == {"draft": "streamed", "target": "streamed"}
     assert traced.extra["exporter"] == {"draft": "traced", "target": "traced"}
+    assert (folded.target.attention, folded.target.kv_dtype) == ("folded", "float16")
     errors = lambda manifest, role: manifest.extra["parity_max_abs_error"][role]["int4"]  # noqa: E731
     for role in ("target", "draft"):
         for scenario in ("prefill", "decode", "chain_verify", "tree", "rows_vs_decode"):
             assert errors(streamed, role)[scenario] == pytest.approx(errors(traced, role)[scenario], rel=1e-4)
     # the target's verify rows are its one-token passes bit for bit (what greedy identity needs; the draft only
     # proposes: its block-128 rows may round apart, the traced draft's alike)
-    assert errors(streamed, "target")["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
+    for manifest in (streamed, folded):
+        assert errors(manifest, "target")["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}
     tokens = {}
-    for name in ("streamed", "traced"):
+    for name in ("streamed", "traced", "folded"):
         decoder = SpeculativeDecoder.load(tmp_path / name)
         tokens[name] = [decoder.generate(prompt, max_new_tokens=24, num_draft_tokens=mode).token_ids
                         for prompt in ("def add(a, b):", "hello world") for mode in (0, 3, "auto")]
     assert tokens["streamed"] == tokens["traced"]
+    assert tokens["folded"][0::3] == tokens["folded"][1::3] == tokens["folded"][2::3]  # every mode = target-only
 
 
 @pytest.mark.integration
@@ -58,7 +63,7 @@ def test_streamed_float_graph_matches_the_source_models_layers(arch, tmp_path):
     """Each streamed architecture's float graph against its source model (the reference run one Hugging Face layer at a
     time): logits and every layer's KV rows within float rounding, in prefill, decode, chain verify and a tree."""
     model = build_tiny_model(tmp_path / "hf", arch, seed=0)
-    manifest = _export(model, None, tmp_path / "bundle", exporter="streamed")
+    manifest = _export(model, None, tmp_path / "bundle", exporter="streamed", kv_dtype="float32")
     report = manifest.extra["parity_max_abs_error"]["target"]["float"]
     assert manifest.extra["exporter"]["target"] == "streamed"
     for scenario, errors in report.items():
@@ -81,7 +86,8 @@ def test_a_planted_layer_bug_fails_the_streamed_parity(tmp_path, monkeypatch):
     monkeypatch.setattr(streamed.FusedGraphBuilder, "skip_norm", broken)
     monkeypatch.setattr("specdec.export.bundle.run_isolated", lambda function, *args: function(*args))
     model = build_tiny_model(tmp_path / "hf", "llama", seed=0)
-    report = _export(model, None, tmp_path / "bundle", exporter="streamed").extra["parity_max_abs_error"]
+    report = _export(model, None, tmp_path / "bundle", exporter="streamed",
+                     kv_dtype="float32").extra["parity_max_abs_error"]
     assert report["target"]["float"]["prefill"]["logits"] > 1e-2
 
 

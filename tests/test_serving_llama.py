@@ -433,3 +433,16 @@ def test_props_says_what_the_server_holds(served):
     assert props["default_generation_settings"]["n_ctx"] > 0 and props["total_slots"] == 2
     assert props["model_alias"] == MODEL and "hybrid" in props["specdec"]["proposers"]
     assert props["specdec"]["kv_dtype"]["target"] in ("float32", "float16")
+
+
+def test_the_server_has_its_pass_costs_before_it_listens(fim_bundle, monkeypatch):
+    """build_app measures (or reads) this machine's pass costs before serving: the first request never waits for a
+    calibration (one of ~20 s on the real pair, cached per machine afterwards)."""
+    from specdec import SpeculativeDecoder
+    from specdec.serving.app import ServerOptions, build_app
+
+    asked = []
+    original = SpeculativeDecoder.costs
+    monkeypatch.setattr(SpeculativeDecoder, "costs", lambda self: asked.append(self) or original(self))
+    build_app(fim_bundle, ServerOptions(model_name=MODEL))
+    assert len(asked) == 1 and asked[0]._costs is not None

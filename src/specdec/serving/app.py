@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -110,8 +111,10 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
 
     load, pool = load or LoadOptions(), pool or PoolOptions()
     decoder = SpeculativeDecoder.load(bundle, **load.load_kwargs(), kv_caches=pool.workers)
-    log.info("loaded %s on %s: max_context %d (%s)", bundle, load.provider, decoder.max_context,
-             decoder.context_reason)
+    log.info("loaded %s on %s: max_context %d", bundle, load.provider, decoder.max_context)  # load logged why
+    started = time.perf_counter()
+    decoder.costs()  # this machine's pass costs now (stored after the first time), not in the first request
+    log.info("pass costs ready in %.1f s", time.perf_counter() - started)
     return create_app(DecoderPool(decoder, pool), server)
 
 

@@ -344,3 +344,32 @@ def test_planted_constraint_bugs_fail_the_distribution_test(stat_decoder, monkey
     """Negative controls: each bug makes the same check fail decisively."""
     plant(monkeypatch)
     assert constrained_pvalue(stat_decoder, dict(num_draft_tokens=3, proposer="draft"), acceptance, runs=600) < 1e-4
+
+
+def test_a_padded_tokenizer_compiles_tool_calls_with_its_added_markers():
+    """A padded-vocabulary bundle's tokenizer (Qwen2.5's GGUF: placeholders after the real tokens, so the tokenizer
+    holds more entries than the rows the decoder samples) and a non-special added marker (``<tool_call>``): the
+    tool-call grammar compiles, requires the marker as its one token, and masks are cut to the sampled rows."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from specdec.decoding.constraint import compile_constraint
+    from specdec.decoding.text import TextCodec
+    from specdec.decoding.tools import TOOL_FORMATS, tool_call_constraint
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|end|>"])
+    backend.add_tokens([AddedToken("<tool_call>", special=False), AddedToken("</tool_call>", special=False)])
+    vocab_size = backend.get_vocab_size(with_added_tokens=True)  # the rows the decoder samples
+    backend.add_tokens([f"[PAD{i}]" for i in range(vocab_size, vocab_size + 13)])  # the padded rows' placeholders
+    codec = TextCodec.__new__(TextCodec)
+    codec.tokenizer = backend
+    start = backend.token_to_id("<tool_call>")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    constraint = tool_call_constraint([tool], TOOL_FORMATS[0], codec=codec)
+    compiled = compile_constraint(constraint, codec, vocab_size, {backend.token_to_id("<|end|>")})
+    guide = GrammarGuide(compiled, lambda: [], {backend.token_to_id("<|end|>")}, ())
+    allowed = guide.mask()
+    assert allowed.shape == (vocab_size,) and np.flatnonzero(allowed).tolist() == [start]

@@ -180,8 +180,11 @@ def grammar_tokenizer(codec, vocab_size: int, eos_ids: tuple):
     tokenizer = None
     backend = getattr(codec, "tokenizer", None)
     if backend is not None and hasattr(backend, "to_str"):
+        # a padded vocabulary's tokenizer can hold more entries (placeholders) than the rows the decoder samples:
+        # llguidance reads them all, and the guide's masks are cut to ``vocab_size``
+        size = max(vocab_size, backend.get_vocab_size(with_added_tokens=True))
         try:
-            tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+            tokenizer = llg.LLTokenizer(backend.to_str(), n_vocab=size, eos_token=eos)
         except Exception as exc:  # noqa: BLE001 - a decoder type llguidance does not read: per-token bytes
             log.debug("llguidance cannot read the tokenizer JSON (%s): per-token bytes", one_line(exc))
     if tokenizer is None:
@@ -252,7 +255,7 @@ class GrammarGuide:
         self._end_array = np.array(sorted(self.end_ids), dtype=np.int64)
         self._stack: list = []  # tokens the matcher has consumed (the committed output, then a speculative path)
         self._synced = 0  # stack[:synced] is known to equal the committed output's prefix
-        self._bitmask = llg.numpy.allocate_token_bitmask(1, self.vocab_size)
+        self._bitmask = llg.numpy.allocate_token_bitmask(1, max(self.vocab_size, compiled.tokenizer.vocab_size))
         self._cache: dict = {}
         self._cache_base = -1
         self.stats = stats  # GenerationStats: grammar_masks / grammar_seconds (None: not counted)

@@ -162,7 +162,7 @@ def test_messages_tool_use_round_trip(ac, oc):
     block = first.content[0]
     follow = ac.messages.create(max_tokens=8, **ask, messages=[
         {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},  # with the SDK's null fields
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": RESULT}]}])
     chat = oc.chat.completions.create(model=MODEL, tools=TOOLS, max_tokens=8, temperature=0, messages=ASK + [
         {"role": "assistant", "tool_calls": [{"id": block.id, "type": "function", "function": {

@@ -30,6 +30,7 @@ class TextBlock(Strict):
     type: Literal["text"]
     text: Text
     cache_control: CacheControl | None = None
+    citations: list[JSONObject] | None = None  # an earlier answer's block as the SDK echoes it (none are made here)
 
 
 class ToolUseBlock(Strict):
@@ -39,6 +40,9 @@ class ToolUseBlock(Strict):
     name: Text
     input: JSONObject
     cache_control: CacheControl | None = None
+    # what the SDK echoes back from its own ToolUseBlock (who called the tool, a toolset's name): nothing to render
+    caller: JSONObject | None = None
+    toolset_name: Text | None = None
 
 
 class ToolResultBlock(Strict):

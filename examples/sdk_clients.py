@@ -1,6 +1,7 @@
 """The official clients agents use, pointed at `specdec serve`: the OpenAI SDK's Responses API, the Anthropic SDK's
 Messages API and the OpenAI Agents SDK, each with a function tool round trip, whole and streamed (streams parsed by
-the SDKs' own helpers). Prints a transcript.
+the SDKs' own helpers). Prints a transcript. The answer after the tool's result is asked for with tool_choice none
+(a 1.5B model given the tools again tends to call the tool again, through every route alike).
 
 usage: python examples/sdk_clients.py --url http://127.0.0.1:8000 [--model NAME]
 needs: pip install -e ".[examples]" anthropic openai-agents   (a server started with `specdec serve BUNDLE`)
@@ -48,7 +49,8 @@ def responses(url: str, model: str) -> None:
     show("function_call", {"name": call.name, "arguments": call.arguments})
     result = weather(**json.loads(call.arguments))
     show("function_call_output", result)
-    final = client.responses.create(model=model, previous_response_id=first.id, tools=tools, temperature=0,
+    final = client.responses.create(model=model, previous_response_id=first.id, tools=tools, tool_choice="none",
+                                    temperature=0,
                                     max_output_tokens=120,
                                     input=[{"type": "function_call_output", "call_id": call.call_id, "output": result}])
     show("assistant", final.output_text or [item.model_dump() for item in final.output])
@@ -77,7 +79,8 @@ def messages(url: str, model: str) -> None:
     show("tool_use", {"name": use.name, "input": use.input, "stop_reason": first.stop_reason})
     result = weather(**use.input)
     show("tool_result", result)
-    final = client.messages.create(model=model, max_tokens=120, tools=tools, extra_body=GREEDY, messages=question + [
+    final = client.messages.create(model=model, max_tokens=120, tools=tools, tool_choice={"type": "none"},
+                                   extra_body=GREEDY, messages=question + [
         {"role": "assistant", "content": [block.model_dump() for block in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": result}]}])
     show("assistant", "".join(block.text for block in final.content if block.type == "text"))

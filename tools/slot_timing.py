@@ -124,9 +124,17 @@ def main(argv=None) -> int:
     for name, ms, tokens, cached in rows:
         print(f"| {name} | {ms:.1f} | {tokens} | {cached} |")
     same = warm["tokens"] == cold["tokens"]
+    if args.keep:  # the token ids, to check against an in-process run
+        (folder / "tokens.json").write_text(json.dumps({"first_prompt": prompt_ids, "first": cold_first["tokens"],
+                                                        "next_turn": next_turn, "restored": warm["tokens"],
+                                                        "cold": cold["tokens"]}))
     print(f"next turn restored vs cold: {'the same' if same else 'DIFFERENT'} {len(warm['tokens'])} tokens; time to "
           f"first token {warm['ttft'] * 1000:.1f} ms against {cold['ttft'] * 1000:.1f} ms "
           f"(cold / restored = {cold['ttft'] / max(warm['ttft'], 1e-9):.2f})")
+    if not same:
+        at = next((i for i, (a, b) in enumerate(zip(warm["tokens"], cold["tokens"])) if a != b),
+                  min(len(warm["tokens"]), len(cold["tokens"])))
+        print(f"first difference at token {at}: restored {warm['tokens'][at:at + 8]}, cold {cold['tokens'][at:at + 8]}")
     return 0 if same else 1
 
 

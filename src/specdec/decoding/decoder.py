@@ -45,7 +45,7 @@ import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" b
 from specdec.runners.runner import RUNNER_BACKENDS
 from specdec.decoding.text import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
-from specdec.runners.row_parity import check_one_row
+from specdec.runners.row_parity import check_one_row, exact_width
 from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
 
@@ -149,6 +149,12 @@ class SpeculativeDecoder:
             log.warning("on this CPU a one-token pass of the target rounds unlike a row of a wider pass: greedy "
                         "speculation may part from target-only decoding on near-ties (exact_rows=True / "
                         "--exact-rows runs one-token passes as two rows and keeps it exact)")
+        if provider == "cpu":  # the target's rows only: the draft's choose proposals, never the output
+            width = exact_width(runners["target"])
+            runners["target"].exact_width = width
+            if width is not None and width < PREFILL_CHUNK:
+                log.info("target passes of more than %d tokens round unlike narrower ones on this CPU: prefill "
+                         "chunks and verify passes stay within %d tokens (outputs unchanged by the cache)", width, width)
         codec = TextCodec(inside(root, manifest.tokenizer_file))
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
@@ -357,7 +363,10 @@ class SpeculativeDecoder:
                              request.logprobs or 0)
             while not state.finish:
                 tokens = state.tokens
-                proposal = proposer.propose(RoundInput(state, rule, state.budget, self.max_context - len(tokens) - 1,
+                room = self.max_context - len(tokens) - 1
+                if target.exact_width is not None:  # a proposal and the pending token within the exact width
+                    room = min(room, target.exact_width - 1)
+                proposal = proposer.propose(RoundInput(state, rule, state.budget, room,
                                                        len(tokens) - target.length))
                 played = verify(target, state, rule, proposal)
                 proposer.observe(proposal, played)

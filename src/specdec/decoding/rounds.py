@@ -24,8 +24,9 @@ from specdec.decoding.tree import ROOT, DraftTree
 
 def catch_up(runner, tokens: list, leave: int = 2) -> None:
     """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass."""
+    width = min(PREFILL_CHUNK, runner.exact_width or PREFILL_CHUNK)
     while runner.length < len(tokens) - leave:
-        chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + PREFILL_CHUNK)]
+        chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + width)]
         runner.forward(chunk, range(runner.length, runner.length + len(chunk)), last_logits_only=True)
         runner.commit(len(chunk))
 

@@ -42,3 +42,64 @@ def check_one_row(runner) -> bool | None:
     both 0); None when the cache is too small to tell."""
     gaps = row_gaps(runner)
     return None if gaps is None else gaps["one_row"] == 0.0 and gaps["two_rows"] == 0.0
+
+
+WIDTHS = (64, 32, 20, 16, 8)  # pass widths tried
+DEEP = 1024  # a second check behind this many (random) cache rows: the kernels' split can move with the depth
+
+
+def _rows_of_pass(runner, ids: list, start: int, width: int) -> tuple:
+    """(first row's logits, the keys/values the pass wrote for its first two slots) of a ``width``-row pass after
+    ``start`` cached slots; the cache is left at ``start``."""
+    logits = np.array(runner.forward(ids[:width], range(start, start + width)), dtype=np.float64)[0]
+    runner.commit(2)
+    rows = runner.snapshot().rows[..., start : start + 2, :].copy()
+    runner.truncate(start)
+    return logits, rows
+
+
+def exact_width(runner, widths=WIDTHS) -> int | None:
+    """The widest pass (of ``widths``) whose rows equal a two-row pass's bit for bit, at a shallow and at a deep
+    cache; None when this runner cannot tell (no snapshots, too small a cache). A wide pass's rows can round
+    differently: onnxruntime's threaded SGEMM splits the attention's product by its row count (seen on a 2-core
+    Xeon with AVX-512: a target pass of 32 or more tokens, 6 x 32 folded rows), and rows a prefill chunk wrote
+    must equal the ones decoding wrote, or a warm cache would change the output. Resets the runner."""
+    widths = [w for w in widths if w <= runner.max_step_tokens]
+    if not widths or runner.max_context < PREFIX + max(widths) + 1:
+        return None
+    vocab = runner.spec.vocab_size
+    ids = [TOKENS[i % len(TOKENS)] % vocab for i in range(PREFIX + max(widths))]
+    starts = [PREFIX] + ([DEEP] if runner.max_context >= DEEP + max(widths) + 1 else [])
+    try:
+        runner.kv_layout(1)
+    except NotImplementedError:
+        return None
+    best = max(widths)
+    try:
+        for start in starts:
+            runner.reset()
+            if start == PREFIX:
+                runner.forward(ids[:PREFIX], range(PREFIX))
+                runner.commit(PREFIX)
+            else:
+                _fill_random(runner, start)
+            reference = _rows_of_pass(runner, ids[PREFIX:], start, 2)
+            for width in sorted(w for w in widths if w <= best):  # narrowest first: the first that rounds apart
+                wide = _rows_of_pass(runner, ids[PREFIX:], start, width)
+                if not (np.array_equal(reference[0], wide[0]) and np.array_equal(reference[1], wide[1])):
+                    best = max((w for w in widths if w < width), default=None)
+                    break
+            if best is None:
+                break
+    finally:
+        runner.reset()
+    return best
+
+
+def _fill_random(runner, count: int) -> None:
+    """``count`` committed slots of random keys/values (what a pass at that depth reads)."""
+    from specdec.runners.runner import KVSnapshot
+
+    shape, dtype = runner.kv_layout(count)
+    rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
+    runner.restore(KVSnapshot(np.zeros(count, dtype=np.int64), rows), count)

@@ -158,6 +158,9 @@ class Runner:
     # one-token passes run as two rows (exact_rows): on CPUs whose one-row int4 kernel rounds unlike the
     # multi-row one, a verify pass's rows then equal target-only decoding's bit for bit
     pad_one_row: bool = False
+    # the widest pass whose rows equal a narrow pass's bit for bit on this machine (row_parity.exact_width):
+    # prefill chunks and verify passes stay within it, so a warm cache gives a cold one's output
+    exact_width: int | None = None
 
     _slot_bytes: int | None = None  # host bytes of one slot's keys/values (set by backends that can snapshot)
 
@@ -221,6 +224,7 @@ class Runner:
         one's do (``pad_one_row``)."""
         forked = self._fork()
         forked.pad_one_row = self.pad_one_row
+        forked.exact_width = self.exact_width
         return forked
 
     def _fork(self) -> "Runner":

@@ -27,6 +27,10 @@ class TimedRunner:
     def length(self) -> int:
         return self.runner.length
 
+    @property
+    def exact_width(self) -> int | None:
+        return self.runner.exact_width
+
     def commit(self, count: int) -> None:
         self.runner.commit(count)
 

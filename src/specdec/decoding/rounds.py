@@ -31,6 +31,14 @@ def catch_up(runner, tokens: list, leave: int = 2) -> None:
         runner.commit(len(chunk))
 
 
+def _leave(target, candidates: int) -> int:
+    """Committed tokens the target lacks that a verify pass of ``candidates`` proposals carries (the rest go in
+    catch-up chunks first): ``refeed_room``, kept so the pass stays within the target's exact width when it can."""
+    room = refeed_room(candidates)
+    width = getattr(target, "exact_width", None)
+    return room if width is None else max(1, min(room, width - candidates))
+
+
 def verify(target, state, rule, proposal: Proposal | None) -> RoundResult:
     """Verify ``proposal`` (None: propose nothing, a plain target step) in ONE target pass and accept."""
     if proposal is None or proposal.shape == "chain":
@@ -51,7 +59,7 @@ def verify_chain(target, state, rule, proposal: Proposal | None) -> RoundResult:
     else:
         draws = proposal.tree.draw_dists
         draft_dists = [draws[i] for i in range(len(proposals)) if i in draws]
-    catch_up(target, tokens, leave=refeed_room(len(proposals)))
+    catch_up(target, tokens, leave=_leave(target, len(proposals)))
     feed = tokens[target.length :] + proposals
     logits = target.forward(feed, range(target.length, target.length + len(feed)))
     rows = logits[len(feed) - len(proposals) - 1 :]  # [gamma + 1, V]
@@ -67,7 +75,7 @@ def verify_tree(target, state, rule, tree: DraftTree) -> tuple[list, int]:
     """Verify ``tree`` (children of the pending token and their descendants) in ONE target pass, accept one
     path, and compact the target's cache to it. Returns (accepted node indices, recovered or bonus token)."""
     tokens = state.tokens
-    catch_up(target, tokens, leave=refeed_room(len(tree.tokens)))
+    catch_up(target, tokens, leave=_leave(target, len(tree.tokens)))
     prefix = tokens[target.length :]
     start = target.length
     root_row = len(prefix) - 1

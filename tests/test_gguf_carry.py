@@ -247,7 +247,9 @@ def test_auto_carries_gguf_sources_and_rounds_the_rest(tmp_path):
     both = ExportOptions(target="t.gguf", draft="d.GGUF", out=tmp_path, quant="int4")
     assert (both.recipe_for("target").method, both.recipe_for("draft").method) == ("gguf-int4", "gguf-int4")
     mixed = ExportOptions(target="t.gguf", draft="draft-folder", out=tmp_path, quant="int4")
-    assert (mixed.recipe_for("target").method, mixed.recipe_for("draft").method) == ("gguf-int4", "rtn")
+    assert (mixed.recipe_for("target").method, mixed.recipe_for("draft").method) == ("gguf-int4", "k-quant")
+    floats = ExportOptions(target="target-folder", draft="draft-folder", out=tmp_path, quant="int4")
+    assert (floats.recipe_for("target").method, floats.recipe_for("draft").method) == ("k-quant", "k-quant")
     assert ExportOptions(target="t.gguf", draft=None, out=tmp_path, quant="int8").recipe.method == "rtn"
     chosen = ExportOptions(target="t.gguf", draft="d.gguf", out=tmp_path, quant="int4", quant_method="gguf",
                            draft_quant_method="rtn")

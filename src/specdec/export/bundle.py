@@ -81,7 +81,7 @@ class ExportOptions:
     tie_embeddings: bool = False
     # how int4 weights are chosen (quantize.py: method "rtn" | "rtn-asym" | "k-quant", lm_head bits 4 | 8)
     # "auto": gguf-int4 for a model loaded from a .gguf file with --quant int4 (the GGUF's Q4_K blocks kept as they
-    # are; measured: docs/bundle.md, "int4 weights"), rtn otherwise
+    # are; measured: docs/bundle.md, "int4 weights"), k-quant for a float source
     quant_method: str = "auto"
     lm_head_bits: int = QuantRecipe.lm_head_bits
     # the draft's method when it differs (None: quant_method, "auto" judged by the draft's own source)
@@ -192,8 +192,12 @@ DEFAULT_KV_DTYPE = "float16"  # --kv-dtype auto for streamed exports (perplexity
 
 
 def auto_quant_method(source: str | None, quant: str) -> str:
-    """The int4 method "auto" stands for: gguf-int4 for a .gguf file (carried blocks), rtn for anything else."""
-    return "gguf-int4" if quant == "int4" and source and str(source).lower().endswith(".gguf") else "rtn"
+    """The int4 method "auto" stands for: gguf-int4 for a .gguf file (carried blocks), k-quant for a float source
+    (llama.cpp's Q4_K search: the real pair's target within 0.7% of llama.cpp's own Q4_K_M of the same float
+    folder, rtn +9.2%; benchmarks/results/2026-12-03-float-source-quality); rtn for other --quant values."""
+    if quant != "int4":
+        return "rtn"
+    return "gguf-int4" if source and str(source).lower().endswith(".gguf") else "k-quant"
 
 
 def tie_model_embeddings(model) -> str:

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "only moves the acceptance rate, never the output)")
     parser.add_argument("--quant-method", default=None, choices=["auto", *QUANT_METHODS],
                         help="--quant int4: how the 4-bit weights are chosen (default auto: gguf-int4 for a .gguf "
-                             "source, rtn otherwise): rtn = symmetric round-to-nearest; rtn-asym = min/max with zero "
+                             "source, k-quant for a float one): rtn = symmetric round-to-nearest; rtn-asym = min/max with zero "
                              "points; k-quant = llama.cpp's k-quant scale/min search; gguf = a GGUF source's own "
                              "blocks carried over (Q4_K as 4-bit, Q5_0/Q6_K/Q8_0 as 8-bit: the GGUF's weights); "
                              "gguf-int4 = Q4_K carried, wider types rounded to 4 bits but attn_v (docs/bundle.md)")

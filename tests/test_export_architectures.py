@@ -57,7 +57,12 @@ def test_weight_only_quantized_bundles_load_and_decode(quant, dtype, quantized_p
     for role, block in (("target", 32), ("draft", 128)):
         graph_nodes = onnx.load(str(bundle / role / "model.onnx"), load_external_data=False).graph.node
         sizes = {a.i for n in graph_nodes for a in n.attribute if a.name == "block_size"}
-        assert sizes == {block}, (role, sizes)
+        if quant == "int4" and manifest.extra["quant_recipe"]["method"] == "k-quant":
+            # auto's k-quant (float sources) writes Q4_K's 32-weight sub-blocks whatever --draft-block-size says;
+            # what it does not cover (the embedding) keeps the role's block size
+            assert 32 in sizes and sizes <= {32, block}, (role, sizes)
+        else:
+            assert sizes == {block}, (role, sizes)
     graph = (bundle / "target" / "model.onnx").read_bytes()
     if quant == "int4-qdq":  # standard ops only (what TensorRT parses): blocked int4 DequantizeLinear + MatMul
         import onnx

@@ -364,7 +364,8 @@ def test_int4_quantizes_every_projection_and_the_embedding(tied, tmp_path):
     else:
         folder = build_tiny_model(tmp_path / "hf", "llama", seed=0)
         table = None
-    manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=tmp_path / "b", quant="int4", graph="fused"),
+    manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=tmp_path / "b", quant="int4", graph="fused",
+                                           quant_method="rtn"),  # rtn's layout (auto is k-quant for floats)
                              progress=lambda msg: None)
     assert manifest.target.graph == "fused" and isinstance(manifest.extra["parity_max_abs_error"]["target"]["int4"], dict)
     model = onnx.load(str(tmp_path / "b/target/model.onnx"))
@@ -416,7 +417,7 @@ def test_tie_embeddings_stores_one_int4_table_for_an_untied_model(tmp_path):
     for tie in (False, True):
         out = tmp_path / f"tie-{tie}"
         manifest = export_bundle(ExportOptions(target=str(folder), draft=None, out=out, quant="int4",
-                                               tie_embeddings=tie), progress=lambda msg: None)
+                                               quant_method="rtn", tie_embeddings=tie), progress=lambda msg: None)
         graph = onnx.load(str(out / "target/model.onnx"), load_external_data=False).graph
         gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
         reshape = next((n for n in graph.node if n.output[0] == gather.input[0]), None)

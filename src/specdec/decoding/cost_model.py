@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.runners.runner import fill_random  # noqa: F401  (also what tools/scale_costs.py fills with)
+
 CALIBRATION_CONTEXT = 256  # cached tokens behind the timed passes of calibrate()
 DEEP_CONTEXT = 4096  # and again behind these many: the costs' growth with the context
 
@@ -337,17 +339,6 @@ def _can_fill_fast(runner, slots: int) -> bool:
     except NotImplementedError:
         return False
     return True
-
-
-def fill_random(runner, context: int) -> None:
-    """Reset the runner and give it ``context`` committed slots of random keys/values (token 0): what a pass at that
-    depth reads, without the minutes a prefill of it takes."""
-    from specdec.runners.runner import KVSnapshot
-
-    shape, dtype = runner.kv_layout(context)
-    rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
-    runner.reset()
-    runner.restore(KVSnapshot(np.zeros(context, dtype=np.int64), rows), context)
 
 
 def calibration_widths(max_tokens: int) -> list:

@@ -35,8 +35,7 @@ def _leave(target, candidates: int) -> int:
     """Committed tokens the target lacks that a verify pass of ``candidates`` proposals carries (the rest go in
     catch-up chunks first): ``refeed_room``, kept so the pass stays within the target's exact width when it can."""
     room = refeed_room(candidates)
-    width = getattr(target, "exact_width", None)
-    return room if width is None else max(1, min(room, width - candidates))
+    return room if target.exact_width is None else max(1, min(room, target.exact_width - candidates))
 
 
 def verify(target, state, rule, proposal: Proposal | None) -> RoundResult:

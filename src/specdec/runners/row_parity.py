@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.runners.runner import fill_random
+
 PREFIX = 8  # cached tokens behind the compared passes
 WIDE = 5  # the verify pass compared against
 TOKENS = (220, 284, 198)  # ids below any vocabulary size a bundle has (a space, " =", a newline in Qwen's)
@@ -82,7 +84,7 @@ def exact_width(runner, widths=WIDTHS) -> int | None:
                 runner.forward(ids[:PREFIX], range(PREFIX))
                 runner.commit(PREFIX)
             else:
-                _fill_random(runner, start)
+                fill_random(runner, start)
             reference = _rows_of_pass(runner, ids[PREFIX:], start, 2)
             for width in sorted(w for w in widths if w <= best):  # narrowest first: the first that rounds apart
                 wide = _rows_of_pass(runner, ids[PREFIX:], start, width)
@@ -95,11 +97,3 @@ def exact_width(runner, widths=WIDTHS) -> int | None:
         runner.reset()
     return best
 
-
-def _fill_random(runner, count: int) -> None:
-    """``count`` committed slots of random keys/values (what a pass at that depth reads)."""
-    from specdec.runners.runner import KVSnapshot
-
-    shape, dtype = runner.kv_layout(count)
-    rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
-    runner.restore(KVSnapshot(np.zeros(count, dtype=np.int64), rows), count)

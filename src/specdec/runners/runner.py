@@ -260,3 +260,12 @@ def _chain_visibility(count: int) -> np.ndarray:
     if count not in _CHAIN_CACHE:
         _CHAIN_CACHE[count] = ancestor_matrix(chain_parents(count))
     return _CHAIN_CACHE[count]
+
+
+def fill_random(runner, context: int) -> None:
+    """Reset the runner and give it ``context`` committed slots of random keys/values (token 0): what a pass at that
+    depth reads, without the minutes a prefill of it takes."""
+    shape, dtype = runner.kv_layout(context)
+    rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
+    runner.reset()
+    runner.restore(KVSnapshot(np.zeros(context, dtype=np.int64), rows), context)

@@ -154,3 +154,57 @@ def test_kv_dtype_and_attention_options_are_validated(tmp_path):
     assert options.kv_dtype_for("gpt2 is the traced exporter's") == "float32"
     with pytest.raises(ValueError, match="needs the streamed exporter: gpt2"):
         ExportOptions(target="x", draft=None, out=tmp_path, kv_dtype="float16").kv_dtype_for("gpt2")
+
+
+
+_VALUES_CHECK = """
+import json, sys
+import numpy as np
+import onnxruntime as ort
+from specdec.contract.manifest import TensorSpec
+from specdec.export.folded_attention import values_product
+from specdec.export.graph_writer import GraphWriter
+
+folder, chunked, dim, depth = sys.argv[1], sys.argv[2] == "1", 128, 1024
+w = GraphWriter(folder)
+out = values_product(w, "probs", "values", dim, "out") if chunked else w.one("MatMul", ["probs", "values"])
+w.one("Identity", [out], name="result")
+path = w.finish((TensorSpec("probs", "float32", ("rows", "cache_rows")), TensorSpec("values", "float32", ("cache_rows", dim))),
+                (TensorSpec("result/out0", "float32", ("rows", dim)),))
+options = ort.SessionOptions()
+options.intra_op_num_threads = 2
+session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(0)
+probs = rng.random((400, depth), dtype=np.float32)
+probs /= probs.sum(axis=1, keepdims=True)
+values = rng.standard_normal((depth, dim), dtype=np.float32)
+narrow = session.run(None, {"probs": probs[:6], "values": values})[0]
+report = {"close": bool(np.allclose(narrow, probs[:6] @ values, atol=1e-4)), "same": []}
+for rows in (12, 120, 128, 384, 400):
+    wide = session.run(None, {"probs": probs[:rows], "values": values})[0]
+    report["close"] &= wide.shape == (rows, dim) and bool(np.allclose(wide, probs[:rows] @ values, atol=1e-4))
+    report["same"].append(bool(np.array_equal(wide[:6], narrow)))
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("chunked", [True, False], ids=["values_product", "planted: one MatMul"])
+def test_a_wide_pass_multiplies_the_values_as_a_one_token_pass_does(tmp_path, chunked):
+    """On two threads (a fresh process: this one's pool is shared), behind 1,024 cache rows: the first 6 rows of a
+    product of 12, 120, 128, 384 and 400 rows equal a 6-row product's bit for bit (6 = the folded rows of a
+    one-token pass of a 12-head, 2-KV-head model). Planted: one MatMul for every width, whose threads split 128+
+    rows by rows and 127- by columns (which blocks the cache sum otherwise), must differ from 128 rows on."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _VALUES_CHECK, str(tmp_path / "graph"), "1" if chunked else "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["close"]
+    if chunked:
+        assert all(report["same"]), report
+    else:
+        assert report["same"][:2] == [True, True] and not any(report["same"][2:]), report

@@ -15,7 +15,13 @@ the rows read (memory for speed).
 
 Rows stay exact: every query row is at least the second row of its Gemm (a KV head with one query head folds a
 copy of its rows beside them), the tiled kernel's rows do not depend on the row count, and a row's sums over the
-cache run over the same slots in the same order whatever the pass (blocked columns add exact zeros).
+cache run over the same slots in the same order whatever the pass (blocked columns add exact zeros). One more
+condition holds them exact when onnxruntime runs a product on several threads: its SGEMM (MLAS) splits the
+columns between threads while a product has fewer rows than columns and the rows otherwise, and a thread's
+column count sets how the sum over the cache is blocked (128 columns: blocks of 128 cache rows; 64: blocks of
+256), so a wide pass's rows round apart from a one-token pass's. The product with the values (``head_dim``
+columns) therefore takes at most ``head_dim - 1`` rows at a time: a wider pass runs it as a Scan over equal
+row chunks (``values_product``). The scores' product sums over ``head_dim`` only (one block) and needs nothing.
 """
 
 from __future__ import annotations
@@ -92,7 +98,7 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
         scores = w.one("Gemm", [queries[head], cached["k"], bias], name=f"{prefix}/scores{head}",
                        alpha=float(dim ** -0.5), transB=1)
         probs = w.one("Softmax", [scores], name=f"{prefix}/probs{head}", axis=-1)
-        outputs.append(w.one("MatMul", [probs, cached["v"]], name=f"{prefix}/out{head}"))
+        outputs.append(values_product(w, probs, cached["v"], dim, f"{prefix}/out{head}"))
     out = w.one("Concat", outputs, name=f"{prefix}/out", axis=0) if kv_heads > 1 else outputs[0]
     out = w.one("Reshape", [out, w.constant([kv_heads, copies * group, -1, dim])], name=f"{prefix}/out_heads")
     if copies > 1:
@@ -107,3 +113,54 @@ def _split_heads(w: GraphWriter, x: str, count: int, name: str) -> list:
         return [w.one("Squeeze", [x, w.constant([0])], name=f"{name}_head0")]
     parts = w.node("Split", [x], count, name=f"{name}_split", axis=0, num_outputs=count)
     return [w.one("Squeeze", [part, w.constant([0])], name=f"{name}_head{i}") for i, part in enumerate(parts)]
+
+
+def values_product(w: GraphWriter, probs: str, values: str, dim: int, name: str) -> str:
+    """probs [R, cache_rows] x values [cache_rows, dim] -> [R, dim], each row as a one-token pass computes it.
+
+    R < dim: one MatMul (onnxruntime's threads split the dim columns). Otherwise the rows are padded to
+    ``count * size`` (count = ceil(R / (dim - 1)) chunks of size = ceil(R / count) < dim rows) and a Scan runs
+    one MatMul per chunk, so every product keeps fewer rows than columns whatever the pass's width. The values
+    are read once per chunk (a wide pass only; one-token and verify passes of up to (dim - 1) / G tokens stay
+    one MatMul)."""
+    helper = w.onnx.helper
+    rows = w.one("Shape", [probs], name=f"{name}_rows", start=0, end=1)  # [1]: R
+    narrow = w.one("Squeeze", [w.one("Less", [rows, w.constant([dim])], name=f"{name}_narrow_rows")],
+                   name=f"{name}_narrow")
+    whole = helper.make_graph([helper.make_node("MatMul", [probs, values], [f"{name}_whole"], name=f"{name}_matmul")],
+                              f"{name}_one_product", [], [_float_value(helper, f"{name}_whole")])
+    cap, one, zero = w.constant([dim - 1]), w.constant([1]), w.constant([0])
+
+    def step(op, inputs, out, **attributes):
+        return helper.make_node(op, inputs, [f"{name}_{out}"], name=f"{name}_{out}", **attributes)
+
+    body = helper.make_graph([helper.make_node("MatMul", [f"{name}_chunk", values], [f"{name}_chunk_out"],
+                                               name=f"{name}_chunk_matmul")],
+                             f"{name}_chunk_product", [_float_value(helper, f"{name}_chunk")],
+                             [_float_value(helper, f"{name}_chunk_out")])
+    def n(part: str) -> str:
+        return f"{name}_{part}"
+
+    chunked = [
+        step("Sub", [cap, one], "cap_less_one"),
+        step("Add", [rows, n("cap_less_one")], "rows_up"),
+        step("Div", [n("rows_up"), cap], "count"),  # ceil(R / cap)
+        step("Add", [rows, n("count")], "rows_plus"),
+        step("Sub", [n("rows_plus"), one], "rows_plus_less_one"),
+        step("Div", [n("rows_plus_less_one"), n("count")], "size"),  # ceil(R / count) <= cap
+        step("Mul", [n("count"), n("size")], "padded_rows"),
+        step("Sub", [n("padded_rows"), rows], "pad"),
+        step("Concat", [zero, zero, n("pad"), zero], "pads", axis=0),
+        step("Pad", [probs, n("pads")], "padded"),
+        step("Concat", [n("count"), n("size"), w.constant([-1])], "chunk_shape", axis=0),
+        step("Reshape", [n("padded"), n("chunk_shape")], "chunks"),  # [count, size, cache_rows]
+        step("Scan", [n("chunks")], "chunk_outs", num_scan_inputs=1, body=body),  # [count, size, dim]
+        step("Reshape", [n("chunk_outs"), w.constant([-1, dim])], "chunk_rows"),
+        step("Slice", [n("chunk_rows"), zero, rows], "chunked"),
+    ]
+    chunks = helper.make_graph(chunked, f"{name}_chunked_products", [], [_float_value(helper, n("chunked"))])
+    return w.one("If", [narrow], name=f"{name}", then_branch=whole, else_branch=chunks)
+
+
+def _float_value(helper, name: str):
+    return helper.make_tensor_value_info(name, _ONNX_FLOAT, None)

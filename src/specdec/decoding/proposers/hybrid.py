@@ -19,7 +19,6 @@ from specdec.decoding.proposers.base import Proposal, Proposer, ProposerEntry, R
 from specdec.decoding.proposers.draft import DraftChain
 from specdec.decoding.proposers.suffix import Suffix
 
-DRAFT_PAYBACK_TOKENS = 128  # the draft's catch-up must pay for itself within this many tokens
 DRAFT_SAVING = 0.1  # the fraction of decode time the draft model is expected to save over suffix proposals alone
 
 
@@ -73,11 +72,9 @@ class Hybrid(Proposer):
 def draft_pays(auto, gamma: int, lag: int, remaining: int, other_rate: float) -> bool:
     """Whether a draft chain of ``gamma`` beats ``other_rate`` (tokens/s of the best other choice) over the rest of
     the request: the draft's catch-up over the ``lag`` tokens it has not read is paid once, so it is spread over
-    the rounds the next ``min(remaining, DRAFT_PAYBACK_TOKENS)`` tokens would take at the draft's expected tokens
-    per round. A catch-up charged to the next few rounds alone kept a lazily prefilled draft from ever starting
-    while its lag grew; one spread over a large max_tokens would stall an answer that ends early (max_tokens is a
-    bound, not a length), hence the payback horizon."""
-    remaining = min(remaining, DRAFT_PAYBACK_TOKENS)
+    the rounds the ``remaining`` tokens would take at the draft's expected tokens per round (what the rest of the
+    request gains against what the catch-up costs; a catch-up charged to the next few rounds alone kept a lazily
+    prefilled draft from ever starting while its lag grew)."""
     if remaining <= 0:
         return False
     rounds = max(remaining / expected_tokens_per_round(auto.acceptance, gamma), 1.0)

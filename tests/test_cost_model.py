@@ -172,32 +172,6 @@ def test_draft_catch_up_charges_the_tokens_the_draft_has_not_read():
     assert auto.tokens_per_second(2, extra_seconds=auto.draft_catch_up(5)) < auto.tokens_per_second(2)
 
 
-
-# this machine's calibration of the real pair at 256 cached tokens (seconds): draft step 0.377x a target step
-REAL_PAIR = Costs(draft_step=0.0251, verify=(0.0665, 0.0790, 0.0951, 0.1058, 0.1217, 0.1363, 0.1553, 0.1641, 0.1793,
-                                             0.1940, 0.2086, 0.2233, 0.2379, 0.2526, 0.2673, 0.2819, 0.2966))
-
-
-@pytest.mark.parametrize("spread", ["rest of the request", "planted: next 4 rounds"])
-def test_a_lazily_prefilled_draft_starts_when_the_rest_of_the_request_repays_its_catch_up(monkeypatch, spread):
-    """A chat's first turn: the draft has not read the 50-token prompt, 127 tokens remain, acceptance at the prior
-    0.7. Its catch-up spread over the rounds left leaves the draft ahead of target-only decoding, so it starts
-    (and its lag stops growing); near the end of the budget it does not. Planted: the catch-up charged to the
-    next 4 rounds (the rule before) keeps it out."""
-    from specdec.decoding.proposers import hybrid
-
-    if spread.startswith("planted"):
-        monkeypatch.setattr(hybrid, "expected_tokens_per_round", lambda acceptance, gamma: 127 / 4)
-    auto = AutoDraftLength(REAL_PAIR)
-    gamma = auto.choose(lag=50)
-    target_only = 1.0 / REAL_PAIR.verify[0]
-    assert gamma == 1 and auto.tokens_per_second(gamma) > 1.05 * target_only
-    starts = hybrid.draft_pays(auto, gamma, lag=50, remaining=127, other_rate=target_only)
-    assert starts == (spread == "rest of the request")
-    assert not hybrid.draft_pays(auto, gamma, lag=50, remaining=4, other_rate=target_only)
-    assert not hybrid.draft_pays(auto, gamma, lag=50, remaining=0, other_rate=target_only)
-    assert hybrid.draft_pays(auto, gamma, lag=0, remaining=4, other_rate=target_only)
-
 # ---------------------------------------------------------------- per-token acceptance, costs at long context
 
 def test_per_token_acceptance_is_the_geometric_mle_not_accepted_over_proposed():

@@ -5,7 +5,7 @@ Suffix trees cost nothing to make and pay where text repeats (edits, quoted code
 pay where it predicts the target well and its step is cheap beside the target's. The choice uses this
 machine's measured pass costs (``Suffix.priced``: the tree's expected tokens over its verify pass; the draft's
 ``AutoDraftLength`` estimate), and charges the draft the catch-up pass over the tokens other rounds committed
-since it last ran, spread over the rounds left in the request (``draft_pays``). A probe round runs the draft whatever the
+since it last ran, spread over ``DRAFT_CATCH_UP_ROUNDS`` rounds. A probe round runs the draft whatever the
 estimates say (how a pessimistic estimate recovers; paid from the decoder's probe budget). The draft prefills
 lazily: its cache catches up on the prompt in the first round that uses it, and a request whose draft prefill
 would cost more than the draft can save (``draft_prefill_loses``) proposes by suffix matching alone.
@@ -14,11 +14,11 @@ Fixed lengths: the suffix tree when there is one, else the draft's chain.
 
 from __future__ import annotations
 
-from specdec.decoding.cost_model import expected_tokens_per_round
 from specdec.decoding.proposers.base import Proposal, Proposer, ProposerEntry, RoundInput, RoundResult
 from specdec.decoding.proposers.draft import DraftChain
 from specdec.decoding.proposers.suffix import Suffix
 
+DRAFT_CATCH_UP_ROUNDS = 4  # the draft's catch-up pass charged over this many rounds
 DRAFT_SAVING = 0.1  # the fraction of decode time the draft model is expected to save over suffix proposals alone
 
 
@@ -50,8 +50,9 @@ class Hybrid(Proposer):
         tree, suffix_rate = self.suffix.priced(tree, round)
         if gamma > 0:
             auto = self.draft.auto
-            if auto.probing or draft_pays(auto, gamma, self.draft.lag(round), round.budget + 1,
-                                          max(suffix_rate, self.suffix.target_only_rate())):
+            catch_up = auto.draft_catch_up(self.draft.lag(round)) / DRAFT_CATCH_UP_ROUNDS
+            if auto.probing or auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
+                    suffix_rate, self.suffix.target_only_rate()):
                 return self.draft.drafted(round, gamma)
         return self.suffix.proposal(tree)
 
@@ -67,18 +68,6 @@ class Hybrid(Proposer):
 
     def finish(self, output: list) -> None:
         self.suffix.finish(output)
-
-
-def draft_pays(auto, gamma: int, lag: int, remaining: int, other_rate: float) -> bool:
-    """Whether a draft chain of ``gamma`` beats ``other_rate`` (tokens/s of the best other choice) over the rest of
-    the request: the draft's catch-up over the ``lag`` tokens it has not read is paid once, so it is spread over
-    the rounds the ``remaining`` tokens would take at the draft's expected tokens per round (what the rest of the
-    request gains against what the catch-up costs; a catch-up charged to the next few rounds alone kept a lazily
-    prefilled draft from ever starting while its lag grew)."""
-    if remaining <= 0:
-        return False
-    rounds = max(remaining / expected_tokens_per_round(auto.acceptance, gamma), 1.0)
-    return auto.tokens_per_second(gamma, extra_seconds=auto.draft_catch_up(lag) / rounds) > other_rate
 
 
 def draft_prefill_loses(request, resources) -> bool:

@@ -205,7 +205,7 @@ def prune_lm_head(model, kept_ids: np.ndarray, vocab_size: int) -> str:
 def _drop_unused_initializers(graph) -> None:
     """Remove what only the old lm_head read: a Transpose of a tied embedding, the old weights."""
     def used_names():
-        return {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        return {name for node in _nodes_within(graph) for name in node.input} | {o.name for o in graph.output}
 
     used = used_names()
     for node in [n for n in graph.node if n.op_type == "Transpose" and not set(n.output) & used]:
@@ -213,6 +213,15 @@ def _drop_unused_initializers(graph) -> None:
     used = used_names()
     for tensor in [t for t in graph.initializer if t.name not in used]:
         graph.initializer.remove(tensor)
+
+
+def _nodes_within(graph):
+    """Every node of ``graph`` and of its subgraphs (If / Scan bodies read the outer graph's initializers)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                yield from _nodes_within(subgraph)
 
 
 # ----------------------------------------------------------------- the bundle

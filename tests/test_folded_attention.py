@@ -156,7 +156,6 @@ def test_kv_dtype_and_attention_options_are_validated(tmp_path):
         ExportOptions(target="x", draft=None, out=tmp_path, kv_dtype="float16").kv_dtype_for("gpt2")
 
 
-
 _VALUES_CHECK = """
 import json, sys
 import numpy as np

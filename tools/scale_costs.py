@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec import SpeculativeDecoder
-from specdec.decoding.cost_model import fill_random
+from specdec.runners.runner import fill_random
 
 PROMPTS = ("def quicksort(items):\n", "The three laws of thermodynamics are")
 

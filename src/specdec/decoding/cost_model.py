@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.runners.runner import fill_random  # noqa: F401  (also what tools/scale_costs.py fills with)
+from specdec.runners.runner import fill_random
 
 CALIBRATION_CONTEXT = 256  # cached tokens behind the timed passes of calibrate()
 DEEP_CONTEXT = 4096  # and again behind these many: the costs' growth with the context

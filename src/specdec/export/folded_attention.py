@@ -129,7 +129,7 @@ def values_product(w: GraphWriter, probs: str, values: str, dim: int, name: str)
                    name=f"{name}_narrow")
     whole = helper.make_graph([helper.make_node("MatMul", [probs, values], [f"{name}_whole"], name=f"{name}_matmul")],
                               f"{name}_one_product", [], [_float_value(helper, f"{name}_whole")])
-    cap, one, zero = w.constant([dim - 1]), w.constant([1]), w.constant([0])
+    cap, cap_less_one, one, zero = w.constant([dim - 1]), w.constant([dim - 2]), w.constant([1]), w.constant([0])
 
     def step(op, inputs, out, **attributes):
         return helper.make_node(op, inputs, [f"{name}_{out}"], name=f"{name}_{out}", **attributes)
@@ -138,12 +138,12 @@ def values_product(w: GraphWriter, probs: str, values: str, dim: int, name: str)
                                                name=f"{name}_chunk_matmul")],
                              f"{name}_chunk_product", [_float_value(helper, f"{name}_chunk")],
                              [_float_value(helper, f"{name}_chunk_out")])
+
     def n(part: str) -> str:
         return f"{name}_{part}"
 
     chunked = [
-        step("Sub", [cap, one], "cap_less_one"),
-        step("Add", [rows, n("cap_less_one")], "rows_up"),
+        step("Add", [rows, cap_less_one], "rows_up"),
         step("Div", [n("rows_up"), cap], "count"),  # ceil(R / cap)
         step("Add", [rows, n("count")], "rows_plus"),
         step("Sub", [n("rows_plus"), one], "rows_plus_less_one"),

@@ -94,6 +94,10 @@ def session_options(threads: int | None = None):
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # No memory pattern: onnxruntime would plan and keep one block per set of input shapes, and every pass has new
+    # ones (the cache grows). Measured on the real 1.5B target at 20k cached tokens, 2 threads: 136 MiB less
+    # resident after eight 64-token chunks and 30 decode/verify passes, and no slower (21.5-21.8 s against 22.2 s).
+    options.enable_mem_pattern = False
     if _GLOBAL_POOL["ok"]:
         options.use_per_session_threads = False
     else:

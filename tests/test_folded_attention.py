@@ -156,49 +156,67 @@ def test_kv_dtype_and_attention_options_are_validated(tmp_path):
         ExportOptions(target="x", draft=None, out=tmp_path, kv_dtype="float16").kv_dtype_for("gpt2")
 
 
-_VALUES_CHECK = """
+_ATTEND_CHECK = """
 import json, sys
 import numpy as np
 import onnxruntime as ort
 from specdec.contract.manifest import TensorSpec
-from specdec.export.folded_attention import values_product
+from specdec.export.folded_attention import attend, folded_bias, row_plan
 from specdec.export.graph_writer import GraphWriter
 
-folder, chunked, dim, depth = sys.argv[1], sys.argv[2] == "1", 128, 1024
+folder, chunked, dim, depth, group = sys.argv[1], sys.argv[2] == "1", 128, 1024, 6
 w = GraphWriter(folder)
-out = values_product(w, "probs", "values", dim, "out") if chunked else w.one("MatMul", ["probs", "values"])
+tokens = w.one("Shape", ["bias_rows"], name="tokens", start=0, end=1)
+plan = row_plan(w, tokens, group, dim)
+if chunked:
+    out = attend(w, "queries", "keys", "values", folded_bias(w, "bias_rows", plan, "bias"), plan, dim, "head")
+else:  # planted: one Gemm, Softmax and MatMul for every width
+    tiled = w.one("Tile", ["bias_rows", w.constant([group, 1])], name="tiled")
+    scores = w.one("Gemm", ["queries", "keys", tiled], name="scores", alpha=float(dim ** -0.5), transB=1)
+    out = w.one("MatMul", [w.one("Softmax", [scores], name="probs", axis=-1), "values"], name="out")
 w.one("Identity", [out], name="result")
-path = w.finish((TensorSpec("probs", "float32", ("rows", "cache_rows")), TensorSpec("values", "float32", ("cache_rows", dim))),
+path = w.finish((TensorSpec("queries", "float32", ("rows", dim)), TensorSpec("keys", "float32", ("cache_rows", dim)),
+                 TensorSpec("values", "float32", ("cache_rows", dim)),
+                 TensorSpec("bias_rows", "float32", ("tokens", "cache_rows"))),
                 (TensorSpec("result/out0", "float32", ("rows", dim)),))
 options = ort.SessionOptions()
 options.intra_op_num_threads = 2
 session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 rng = np.random.default_rng(0)
-probs = rng.random((400, depth), dtype=np.float32)
-probs /= probs.sum(axis=1, keepdims=True)
-values = rng.standard_normal((depth, dim), dtype=np.float32)
-narrow = session.run(None, {"probs": probs[:6], "values": values})[0]
-report = {"close": bool(np.allclose(narrow, probs[:6] @ values, atol=1e-4)), "same": []}
-for rows in (12, 120, 128, 384, 400):
-    wide = session.run(None, {"probs": probs[:rows], "values": values})[0]
-    report["close"] &= wide.shape == (rows, dim) and bool(np.allclose(wide, probs[:rows] @ values, atol=1e-4))
-    report["same"].append(bool(np.array_equal(wide[:6], narrow)))
+keys, values = rng.standard_normal((2, depth, dim), dtype=np.float32)
+report = {"close": True, "same": []}
+for count in (2, 20, 21, 22, 64, 67):
+    queries = rng.standard_normal((group, count, dim), dtype=np.float32)  # row g * T + t once flattened
+    bias = np.where(rng.random((count, depth)) < 0.1, -np.inf, 0).astype(np.float32)
+    bias[:, -5:] = -np.inf  # columns past the total
+    wide = session.run(None, {"queries": queries.reshape(-1, dim), "keys": keys, "values": values,
+                              "bias_rows": bias})[0].reshape(group, count, dim)
+    scores = np.einsum("gtd,cd->gtc", queries.astype(np.float64), keys) * dim ** -0.5 + bias
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (probs / probs.sum(-1, keepdims=True)) @ values
+    report["close"] &= bool(np.allclose(wide, expected, atol=1e-4))
+    same = True
+    for t in (0, count // 2, count - 1):  # each token as a one-token pass computes it
+        one = session.run(None, {"queries": queries[:, t], "keys": keys, "values": values,
+                                 "bias_rows": bias[t:t + 1]})[0]
+        same &= bool(np.array_equal(wide[:, t], one))
+    report["same"].append(same)
 print(json.dumps(report))
 """
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("chunked", [True, False], ids=["values_product", "planted: one MatMul"])
-def test_a_wide_pass_multiplies_the_values_as_a_one_token_pass_does(tmp_path, chunked):
-    """On two threads (a fresh process: this one's pool is shared), behind 1,024 cache rows: the first 6 rows of a
-    product of 12, 120, 128, 384 and 400 rows equal a 6-row product's bit for bit (6 = the folded rows of a
-    one-token pass of a 12-head, 2-KV-head model). Planted: one MatMul for every width, whose threads split 128+
-    rows by rows and 127- by columns (which blocks the cache sum otherwise), must differ from 128 rows on."""
+@pytest.mark.parametrize("chunked", [True, False], ids=["attend", "planted: one product per pass"])
+def test_a_wide_pass_attends_as_a_one_token_pass_does(tmp_path, chunked):
+    """On two threads (a fresh process: this one's pool is shared), 6 query heads per KV head behind 1,024 cache
+    rows: every token of a pass of 2, 20, 21, 22, 64 and 67 tokens gets its one-token pass's attention rows bit for
+    bit, and close to float64 numpy's. Planted: one Gemm/Softmax/MatMul for every width, whose threads split the
+    values product by rows from 128 folded rows on (which blocks the cache sum otherwise), must differ there."""
     import json
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _VALUES_CHECK, str(tmp_path / "graph"), "1" if chunked else "0"],
+    done = subprocess.run([sys.executable, "-c", _ATTEND_CHECK, str(tmp_path / "graph"), "1" if chunked else "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -206,4 +224,4 @@ def test_a_wide_pass_multiplies_the_values_as_a_one_token_pass_does(tmp_path, ch
     if chunked:
         assert all(report["same"]), report
     else:
-        assert report["same"][:2] == [True, True] and not any(report["same"][2:]), report
+        assert report["same"][:3] == [True, True, True] and not any(report["same"][3:]), report

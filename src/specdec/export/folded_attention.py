@@ -20,11 +20,16 @@ condition holds them exact when onnxruntime runs a product on several threads: i
 columns between threads while a product has fewer rows than columns and the rows otherwise, and a thread's
 column count sets how the sum over the cache is blocked (128 columns: blocks of 128 cache rows; 64: blocks of
 256), so a wide pass's rows round apart from a one-token pass's. The product with the values (``head_dim``
-columns) therefore takes at most ``head_dim - 1`` rows at a time: a wider pass runs it as a Scan over equal
-row chunks (``values_product``). The scores' product sums over ``head_dim`` only (one block) and needs nothing.
+columns) must therefore take at most ``head_dim - 1`` rows at a time: a wider pass (a prefill chunk) runs the
+whole attention of a KV head as a Scan over token chunks of fewer folded rows (``attend``). The scores' product
+sums over ``head_dim`` only (one block) and would need nothing; running it per chunk too keeps a wide pass's
+scores, probabilities and biases one chunk's size (a 64-token chunk at 27k cached tokens: about 10 MB each
+instead of 41 MB).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,8 +46,8 @@ def fold_copies(g) -> int:
 
 
 def folded_shared(w: GraphWriter, g, cos: np.ndarray, sin: np.ndarray) -> dict:
-    """What every layer reads: the new rows' slot indices [T, 1], the biases tiled to the folded rows
-    [copies * G * T, cache_rows], the rotary tables."""
+    """What every layer reads: the new rows' slot indices [T, 1], how the pass's folded rows are cut (``row_plan``),
+    the biases laid out for those rows (``folded_bias``), the rotary tables."""
     count = w.one("Shape", ["position_ids"], name="fold/count", start=1, end=2)  # [1]: T
     end = w.one("Add", [PAST_LENGTH, count], name="fold/end")
     scalar = w.constant([0])
@@ -50,16 +55,78 @@ def folded_shared(w: GraphWriter, g, cos: np.ndarray, sin: np.ndarray) -> dict:
                             w.one("Squeeze", [end, scalar], name="fold/stop"), w.constant(1)], name="fold/slots")
     shared = {"slots": w.one("Unsqueeze", [slots, w.constant([1])], name="fold/slot_index"),
               "cos": w.initializer("cos_cache", cos), "sin": w.initializer("sin_cache", sin)}
-    tiles = w.constant([fold_copies(g) * (g.heads // g.kv_heads), 1])
+    shared["plan"] = plan = row_plan(w, count, fold_copies(g) * (g.heads // g.kv_heads), g.head_dim)
     biases = [("bias", "attention_bias")] + ([("sliding_bias", "sliding_attention_bias")]
                                              if g.sliding_window is not None else [])
     for key, name in biases:
         flat = w.one("Squeeze", [name, w.constant([0, 1])], name=f"fold/{key}_rows")  # [T, cache_rows]
-        shared[key] = w.one("Tile", [flat, tiles], name=f"fold/{key}")
+        shared[key] = folded_bias(w, flat, plan, f"fold/{key}")
     return shared
 
 
-def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: dict, bias: str,
+@dataclass(frozen=True)
+class RowPlan:
+    """How a pass's folded rows are cut (graph tensor names, computed once per pass). ``group_rows``: folded rows
+    per token (copies x query heads per KV head); a pass of ``tokens`` (T) is narrow when T * group_rows <
+    head_dim (one product per KV head), else ``count`` chunks of ``size`` tokens (T padded by ``pad``).
+    ``narrow_rows``: the folded rows of a narrow pass, 0 for a wide one."""
+
+    group_rows: int
+    tokens: str  # [1] int64: T
+    narrow: str  # bool scalar
+    narrow_rows: str  # [1] int64: group_rows * T or 0
+    count: str  # [1] int64
+    size: str  # [1] int64
+    pad: str  # [1] int64
+
+
+def row_plan(w: GraphWriter, tokens: str, group_rows: int, dim: int) -> RowPlan:
+    """Chunks of at most (dim - 1) // group_rows tokens, as equal as padding allows: count = ceil(T / cap),
+    size = ceil(T / count)."""
+    cap = (dim - 1) // group_rows
+    if cap < 1:
+        raise ValueError(f"{group_rows} folded rows per token leave no chunk under head_dim {dim}")
+    narrow_rows = w.one("LessOrEqual", [tokens, w.constant([cap])], name="fold/narrow_rows")  # [1] bool
+    narrow = w.one("Squeeze", [narrow_rows], name="fold/narrow")
+    rows = w.one("Mul", [tokens, w.constant([group_rows])], name="fold/rows")
+    narrow_count = w.one("Mul", [rows, w.one("Cast", [narrow_rows], name="fold/narrow_one", to=7)],
+                         name="fold/narrow_count")
+    count = w.one("Div", [w.one("Add", [tokens, w.constant([cap - 1])], name="fold/tokens_up"), w.constant([cap])],
+                  name="fold/chunks")
+    size = w.one("Div", [w.one("Sub", [w.one("Add", [tokens, count], name="fold/tokens_plus"), w.constant([1])],
+                               name="fold/tokens_plus_less_one"), count], name="fold/chunk_tokens")
+    pad = w.one("Sub", [w.one("Mul", [count, size], name="fold/padded_tokens"), tokens], name="fold/pad_tokens")
+    return RowPlan(group_rows, tokens, narrow, narrow_count, count, size, pad)
+
+
+def folded_bias(w: GraphWriter, flat: str, plan: RowPlan, name: str) -> tuple[str, str]:
+    """The bias rows every KV head adds to its scores, from flat [T, cache_rows]: (narrow, wide).
+    narrow: [GR * T, cache_rows] for a narrow pass (row g * T + t is token t's), [0, cache_rows] for a wide one.
+    wide: for a wide pass [count, GR * size, cache_rows], chunk c's row g * size + t token c * size + t's (padded
+    tokens get zeros); for a narrow pass ``flat`` as [1, T, cache_rows], unread."""
+    helper = w.onnx.helper
+    steps = _Steps(helper, name)
+    first = w.one("Slice", [flat, w.constant([0]), w.one("Div", [plan.narrow_rows, w.constant([plan.group_rows])],
+                                                         name=f"{name}_narrow_tokens"), w.constant([0])],
+                  name=f"{name}_narrow_flat")
+    narrow = w.one("Tile", [first, w.constant([plan.group_rows, 1])], name=f"{name}_narrow")
+    unread = helper.make_graph([steps.node("Unsqueeze", [flat, w.constant([0])], "unread")],
+                               f"{name}_unread", [], [_float_value(helper, steps("unread"))])
+    chunked = [
+        steps.node("Concat", [w.constant([0]), w.constant([0]), plan.pad, w.constant([0])], "pads", axis=0),
+        steps.node("Pad", [flat, steps("pads")], "padded"),  # [count * size, cache_rows]
+        steps.node("Concat", [plan.count, w.constant([1]), plan.size, w.constant([-1])], "chunk_shape", axis=0),
+        steps.node("Reshape", [steps("padded"), steps("chunk_shape")], "chunks"),  # [count, 1, size, cache_rows]
+        steps.node("Tile", [steps("chunks"), w.constant([1, plan.group_rows, 1, 1])], "tiled"),
+        steps.node("Mul", [plan.size, w.constant([plan.group_rows])], "chunk_rows"),
+        steps.node("Concat", [plan.count, steps("chunk_rows"), w.constant([-1])], "rows_shape", axis=0),
+        steps.node("Reshape", [steps("tiled"), steps("rows_shape")], "wide"),  # [count, GR * size, cache_rows]
+    ]
+    wide = helper.make_graph(chunked, f"{name}_chunked_rows", [], [_float_value(helper, steps("wide"))])
+    return narrow, w.one("If", [plan.narrow], name=f"{name}_wide", then_branch=unread, else_branch=wide)
+
+
+def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: dict, bias: tuple[str, str],
                  kv_dtype: str) -> str:
     """Layer ``index``'s attention rows [1, T, H * D] from q [1, T, H * D], k / v [1, T, KVH * D] (before the
     rotary embedding); writes the new rows into each KV head's cache view."""
@@ -95,10 +162,8 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
             if kv_dtype == "float16":
                 rows = w.one("Cast", [rows], name=f"{prefix}/{kind}{head}_float", to=_ONNX_FLOAT)
             cached[kind] = rows
-        scores = w.one("Gemm", [queries[head], cached["k"], bias], name=f"{prefix}/scores{head}",
-                       alpha=float(dim ** -0.5), transB=1)
-        probs = w.one("Softmax", [scores], name=f"{prefix}/probs{head}", axis=-1)
-        outputs.append(values_product(w, probs, cached["v"], dim, f"{prefix}/out{head}"))
+        outputs.append(attend(w, queries[head], cached["k"], cached["v"], bias, shared["plan"], dim,
+                              f"{prefix}/head{head}"))
     out = w.one("Concat", outputs, name=f"{prefix}/out", axis=0) if kv_heads > 1 else outputs[0]
     out = w.one("Reshape", [out, w.constant([kv_heads, copies * group, -1, dim])], name=f"{prefix}/out_heads")
     if copies > 1:
@@ -115,51 +180,65 @@ def _split_heads(w: GraphWriter, x: str, count: int, name: str) -> list:
     return [w.one("Squeeze", [part, w.constant([0])], name=f"{name}_head{i}") for i, part in enumerate(parts)]
 
 
-def values_product(w: GraphWriter, probs: str, values: str, dim: int, name: str) -> str:
-    """probs [R, cache_rows] x values [cache_rows, dim] -> [R, dim], each row as a one-token pass computes it.
+def attend(w: GraphWriter, queries: str, keys: str, values: str, bias: tuple[str, str], plan: RowPlan, dim: int,
+           name: str) -> str:
+    """One KV head's attention rows [GR * T, dim] from queries [GR * T, dim] (row g * T + t), keys / values
+    [cache_rows, dim] and ``folded_bias``'s rows, each row as a one-token pass computes it.
 
-    R < dim: one MatMul (onnxruntime's threads split the dim columns). Otherwise the rows are padded to
-    ``count * size`` (count = ceil(R / (dim - 1)) chunks of size = ceil(R / count) < dim rows) and a Scan runs
-    one MatMul per chunk, so every product keeps fewer rows than columns whatever the pass's width. The values
-    are read once per chunk (a wide pass only; one-token and verify passes of up to (dim - 1) / G tokens stay
-    one MatMul)."""
+    A narrow pass: one Gemm (scores), Softmax and MatMul (values). A wide pass: those run on no rows, and a Scan
+    runs the same three products per token chunk (the queries padded and cut like the bias: chunk c's rows
+    g * size + t), so every product keeps fewer rows than head_dim and no buffer is wider than one chunk's; keys
+    and values are read once per chunk. The narrow pass's Gemm and Softmax stay in the main graph: inside an If
+    their [rows, cache_rows] buffers made one-token passes at 27k cached tokens 6-11% slower (2 threads, Xeon)."""
     helper = w.onnx.helper
-    rows = w.one("Shape", [probs], name=f"{name}_rows", start=0, end=1)  # [1]: R
-    narrow = w.one("Squeeze", [w.one("Less", [rows, w.constant([dim])], name=f"{name}_narrow_rows")],
-                   name=f"{name}_narrow")
-    whole = helper.make_graph([helper.make_node("MatMul", [probs, values], [f"{name}_whole"], name=f"{name}_matmul")],
-                              f"{name}_one_product", [], [_float_value(helper, f"{name}_whole")])
-    cap, cap_less_one, one, zero = w.constant([dim - 1]), w.constant([dim - 2]), w.constant([1]), w.constant([0])
-
-    def step(op, inputs, out, **attributes):
-        return helper.make_node(op, inputs, [f"{name}_{out}"], name=f"{name}_{out}", **attributes)
-
-    body = helper.make_graph([helper.make_node("MatMul", [f"{name}_chunk", values], [f"{name}_chunk_out"],
-                                               name=f"{name}_chunk_matmul")],
-                             f"{name}_chunk_product", [_float_value(helper, f"{name}_chunk")],
-                             [_float_value(helper, f"{name}_chunk_out")])
-
-    def n(part: str) -> str:
-        return f"{name}_{part}"
-
+    steps = _Steps(helper, name)
+    alpha, rows = float(dim ** -0.5), plan.group_rows
+    narrow_bias, wide_bias = bias
+    narrow_q = w.one("Slice", [queries, w.constant([0]), plan.narrow_rows, w.constant([0])], name=f"{name}_narrow_q")
+    scores = w.one("Gemm", [narrow_q, keys, narrow_bias], name=f"{name}_scores", alpha=alpha, transB=1)
+    probs = w.one("Softmax", [scores], name=f"{name}_probs", axis=-1)
+    whole = helper.make_graph([steps.node("MatMul", [probs, values], "whole")], f"{name}_one_product", [],
+                              [_float_value(helper, steps("whole"))])
+    body = helper.make_graph([steps.node("Gemm", [steps("chunk_q"), keys, steps("chunk_bias")], "chunk_scores",
+                                         alpha=alpha, transB=1),
+                              steps.node("Softmax", [steps("chunk_scores")], "chunk_probs", axis=-1),
+                              steps.node("MatMul", [steps("chunk_probs"), values], "chunk_out")],
+                             f"{name}_chunk_products",
+                             [_float_value(helper, steps("chunk_q")), _float_value(helper, steps("chunk_bias"))],
+                             [_float_value(helper, steps("chunk_out"))])
+    zero = w.constant([0])
     chunked = [
-        step("Add", [rows, cap_less_one], "rows_up"),
-        step("Div", [n("rows_up"), cap], "count"),  # ceil(R / cap)
-        step("Add", [rows, n("count")], "rows_plus"),
-        step("Sub", [n("rows_plus"), one], "rows_plus_less_one"),
-        step("Div", [n("rows_plus_less_one"), n("count")], "size"),  # ceil(R / count) <= cap
-        step("Mul", [n("count"), n("size")], "padded_rows"),
-        step("Sub", [n("padded_rows"), rows], "pad"),
-        step("Concat", [zero, zero, n("pad"), zero], "pads", axis=0),
-        step("Pad", [probs, n("pads")], "padded"),
-        step("Concat", [n("count"), n("size"), w.constant([-1])], "chunk_shape", axis=0),
-        step("Reshape", [n("padded"), n("chunk_shape")], "chunks"),  # [count, size, cache_rows]
-        step("Scan", [n("chunks")], "chunk_outs", num_scan_inputs=1, body=body),  # [count, size, dim]
-        step("Reshape", [n("chunk_outs"), w.constant([-1, dim])], "chunk_rows"),
-        step("Slice", [n("chunk_rows"), zero, rows], "chunked"),
+        steps.node("Reshape", [queries, w.constant([rows, -1, dim])], "q_tokens"),  # [GR, T, dim]
+        steps.node("Concat", [zero, zero, zero, zero, plan.pad, zero], "pads", axis=0),
+        steps.node("Pad", [steps("q_tokens"), steps("pads")], "q_padded"),  # [GR, count * size, dim]
+        steps.node("Concat", [w.constant([rows]), plan.count, plan.size, w.constant([dim])], "q_shape", axis=0),
+        steps.node("Reshape", [steps("q_padded"), steps("q_shape")], "q_cut"),  # [GR, count, size, dim]
+        steps.node("Transpose", [steps("q_cut")], "q_chunked", perm=[1, 0, 2, 3]),
+        steps.node("Concat", [plan.count, w.constant([-1, dim])], "chunk_shape", axis=0),
+        steps.node("Reshape", [steps("q_chunked"), steps("chunk_shape")], "q_chunks"),  # [count, GR * size, dim]
+        steps.node("Scan", [steps("q_chunks"), wide_bias], "outs", num_scan_inputs=2, body=body),
+        steps.node("Concat", [plan.count, w.constant([rows]), plan.size, w.constant([dim])], "out_shape", axis=0),
+        steps.node("Reshape", [steps("outs"), steps("out_shape")], "outs_cut"),  # [count, GR, size, dim]
+        steps.node("Transpose", [steps("outs_cut")], "outs_heads", perm=[1, 0, 2, 3]),  # [GR, count, size, dim]
+        steps.node("Reshape", [steps("outs_heads"), w.constant([rows, -1, dim])], "outs_padded"),
+        steps.node("Slice", [steps("outs_padded"), zero, plan.tokens, w.constant([1])], "outs_tokens"),
+        steps.node("Reshape", [steps("outs_tokens"), w.constant([-1, dim])], "chunked"),  # [GR * T, dim]
     ]
-    chunks = helper.make_graph(chunked, f"{name}_chunked_products", [], [_float_value(helper, n("chunked"))])
-    return w.one("If", [narrow], name=f"{name}", then_branch=whole, else_branch=chunks)
+    wide = helper.make_graph(chunked, f"{name}_chunked_products", [], [_float_value(helper, steps("chunked"))])
+    return w.one("If", [plan.narrow], name=name, then_branch=whole, else_branch=wide)
+
+
+class _Steps:
+    """Nodes of a subgraph named under one prefix: ``steps("x")`` is the name of output x."""
+
+    def __init__(self, helper, prefix: str):
+        self.helper, self.prefix = helper, prefix
+
+    def __call__(self, part: str) -> str:
+        return f"{self.prefix}_{part}"
+
+    def node(self, op: str, inputs: list, out: str, **attributes):
+        return self.helper.make_node(op, inputs, [self(out)], name=self(out), **attributes)
 
 
 def _float_value(helper, name: str):

@@ -138,7 +138,11 @@ def _text_of(event: dict) -> str:
     return event.get("content") or ""
 
 
-def send(url: str, path: str, body: dict, timeout: float = 900.0) -> dict:
+# seconds a read may wait: a cold 30k-token prompt on 2 cores prefills for 14-17 minutes before the first byte
+READ_TIMEOUT_S = 3600.0
+
+
+def send(url: str, path: str, body: dict, timeout: float = READ_TIMEOUT_S) -> dict:
     """One streamed request, timed: text, first-token and total seconds, and what the server reported."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)

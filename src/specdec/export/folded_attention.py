@@ -69,11 +69,12 @@ class RowPlan:
     """How a pass's folded rows are cut (graph tensor names, computed once per pass). ``group_rows``: folded rows
     per token (copies x query heads per KV head); a pass of ``tokens`` (T) is narrow when T * group_rows <
     head_dim (one product per KV head), else ``count`` chunks of ``size`` tokens (T padded by ``pad``).
-    ``narrow_rows``: the folded rows of a narrow pass, 0 for a wide one."""
+    ``narrow_tokens`` / ``narrow_rows``: T / the folded rows of a narrow pass, 0 for a wide one."""
 
     group_rows: int
     tokens: str  # [1] int64: T
     narrow: str  # bool scalar
+    narrow_tokens: str  # [1] int64: T or 0
     narrow_rows: str  # [1] int64: group_rows * T or 0
     count: str  # [1] int64
     size: str  # [1] int64
@@ -86,17 +87,17 @@ def row_plan(w: GraphWriter, tokens: str, group_rows: int, dim: int) -> RowPlan:
     cap = (dim - 1) // group_rows
     if cap < 1:
         raise ValueError(f"{group_rows} folded rows per token leave no chunk under head_dim {dim}")
-    narrow_rows = w.one("LessOrEqual", [tokens, w.constant([cap])], name="fold/narrow_rows")  # [1] bool
-    narrow = w.one("Squeeze", [narrow_rows], name="fold/narrow")
-    rows = w.one("Mul", [tokens, w.constant([group_rows])], name="fold/rows")
-    narrow_count = w.one("Mul", [rows, w.one("Cast", [narrow_rows], name="fold/narrow_one", to=7)],
-                         name="fold/narrow_count")
+    is_narrow = w.one("LessOrEqual", [tokens, w.constant([cap])], name="fold/is_narrow")  # [1] bool
+    narrow = w.one("Squeeze", [is_narrow], name="fold/narrow")
+    narrow_tokens = w.one("Mul", [tokens, w.one("Cast", [is_narrow], name="fold/narrow_one", to=7)],
+                          name="fold/narrow_tokens")
+    narrow_rows = w.one("Mul", [narrow_tokens, w.constant([group_rows])], name="fold/narrow_rows")
     count = w.one("Div", [w.one("Add", [tokens, w.constant([cap - 1])], name="fold/tokens_up"), w.constant([cap])],
                   name="fold/chunks")
     size = w.one("Div", [w.one("Sub", [w.one("Add", [tokens, count], name="fold/tokens_plus"), w.constant([1])],
                                name="fold/tokens_plus_less_one"), count], name="fold/chunk_tokens")
     pad = w.one("Sub", [w.one("Mul", [count, size], name="fold/padded_tokens"), tokens], name="fold/pad_tokens")
-    return RowPlan(group_rows, tokens, narrow, narrow_count, count, size, pad)
+    return RowPlan(group_rows, tokens, narrow, narrow_tokens, narrow_rows, count, size, pad)
 
 
 def folded_bias(w: GraphWriter, flat: str, plan: RowPlan, name: str) -> tuple[str, str]:
@@ -106,9 +107,7 @@ def folded_bias(w: GraphWriter, flat: str, plan: RowPlan, name: str) -> tuple[st
     tokens get zeros); for a narrow pass ``flat`` as [1, T, cache_rows], unread."""
     helper = w.onnx.helper
     steps = _Steps(helper, name)
-    first = w.one("Slice", [flat, w.constant([0]), w.one("Div", [plan.narrow_rows, w.constant([plan.group_rows])],
-                                                         name=f"{name}_narrow_tokens"), w.constant([0])],
-                  name=f"{name}_narrow_flat")
+    first = w.one("Slice", [flat, w.constant([0]), plan.narrow_tokens, w.constant([0])], name=f"{name}_narrow_flat")
     narrow = w.one("Tile", [first, w.constant([plan.group_rows, 1])], name=f"{name}_narrow")
     unread = helper.make_graph([steps.node("Unsqueeze", [flat, w.constant([0])], "unread")],
                                f"{name}_unread", [], [_float_value(helper, steps("unread"))])

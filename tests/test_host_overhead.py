@@ -15,6 +15,7 @@ one test swaps in a recording IOBinding and a fake run that writes the new rows 
 """
 
 import ctypes
+import os
 import tracemalloc
 
 import numpy as np
@@ -208,3 +209,46 @@ def test_pass_allocations_are_flat_in_the_context(any_runner):
     hold: the per-pass host work (mask, bias) is O(T x context) booleans/floats, never O(context x KV row)."""
     short, long = _pass_peak(any_runner, 100), _pass_peak(any_runner, PAST)
     assert long - short < _kv_bytes(any_runner, PAST - 100) / 8, (short, long)
+
+
+def _resident_bytes(array) -> int:
+    """Resident bytes of the mappings ``array``'s memory lies in (/proc/self/smaps)."""
+    low = array.ctypes.data
+    high, total, inside = low + array.nbytes, 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start < high and end > low
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_cache_is_resident_only_where_rows_were_written():
+    """One row written in each of 64 regions of 4 MiB (a cache's per-layer, per-head views) brings in about 64
+    pages, not 64 transparent huge pages of 2 MiB each (numpy's zeros where THP is ``always``: 128 MiB). Where
+    THP is off, both allocations pass; on this project's CI VM (THP ``always``) np.zeros fails it."""
+    from specdec.runners.kv_store import cache_zeros
+
+    cache = cache_zeros((64, 2048, 1024), np.float16)
+    assert cache.shape == (64, 2048, 1024) and cache.dtype == np.float16 and not cache[:, ::97].any()
+    cache[:, 5, :] = 1.0
+    assert _resident_bytes(cache) < 4 * 2**20, _resident_bytes(cache)
+    assert float(cache[:, 5].sum(dtype=np.float64)) == 64 * 1024
+
+
+def test_every_host_cache_is_allocated_by_cache_zeros(any_runner):
+    """The runners' caches are the mapping cache_zeros makes (an mmap under the array), not numpy's zeros."""
+    import mmap
+
+    from specdec.runners.fused import FusedRunner
+
+    cache = any_runner.cache if isinstance(any_runner, FusedRunner) else any_runner.kv.array
+    base = cache
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    base = base.obj if isinstance(base, memoryview) else base
+    assert isinstance(base, mmap.mmap), type(base)

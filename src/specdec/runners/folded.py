@@ -7,8 +7,8 @@ the graph scatters the T new rows into slots [length, length + T) in place and a
 is the pass's total rounded up to ``CHUNK`` (the bias blocks the columns past the total), so the views are rebound
 once per ``CHUNK`` tokens, not per pass; a pass binds only its small inputs (ids, positions, bias, past length).
 
-Pages of the cache the OS has not been asked for stay unbacked (numpy's zeros): resident memory follows the
-longest context served, not max_context.
+Pages of the cache the OS has not been asked for stay unbacked, 4 KiB at a time (``kv_store.cache_zeros``):
+resident memory follows the longest context served, not max_context.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec.contract.manifest import LOGIT_ROWS, PAST_LENGTH, BundleError, ModelSpec
 from specdec.runners.fused import _BLOCKED, FusedRunner, check_fused_provider
+from specdec.runners.kv_store import cache_zeros
 from specdec.runners.standard import _bind, attach_session
 
 CHUNK = 256  # cache rows bound per step of the views: at most CHUNK - 1 blocked columns per pass
@@ -40,8 +41,8 @@ class FoldedRunner(FusedRunner):
         self._init_book(spec, max_context, max_step_tokens, kept_ids)
         attach_session(self, onnx_path, provider, threads, session)
         self.slots = cache_slots(max_context)
-        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, self.slots, spec.head_dim),
-                              _KV_DTYPES[spec.kv_dtype])
+        self.cache = cache_zeros((spec.num_layers, 2, 1, spec.num_kv_heads, self.slots, spec.head_dim),
+                                 _KV_DTYPES[spec.kv_dtype])
         self._slot_bytes = self.cache.nbytes // self.slots
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)

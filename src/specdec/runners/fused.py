@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.contract.manifest import LOGIT_ROWS, BundleError, ModelSpec
+from specdec.runners.kv_store import cache_zeros
 from specdec.runners.standard import ModelRunner, _bind, attach_session, providers_for
 from specdec.runners.runner import Runner
 
@@ -75,7 +76,7 @@ class FusedRunner(Runner):
         attach_session(self, onnx_path, provider, threads, session)
         # max_context slots plus the graph's scratch slots (ModelSpec.attention_scratch_rows), written after the new rows
         slots = max_context + spec.attention_scratch_rows
-        self.cache = np.zeros((spec.num_layers, 2, 1, spec.num_kv_heads, slots, spec.head_dim), np.float32)
+        self.cache = cache_zeros((spec.num_layers, 2, 1, spec.num_kv_heads, slots, spec.head_dim), np.float32)
         self._slot_bytes = self.cache.nbytes // slots
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)

@@ -45,6 +45,7 @@ import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" b
 from specdec.runners.runner import RUNNER_BACKENDS
 from specdec.decoding.text import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
+from specdec.runners.resident import release_after_load, trim_heap
 from specdec.runners.row_parity import check_one_row, exact_width
 from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
@@ -164,6 +165,7 @@ class SpeculativeDecoder:
                       calibration_key=key, suffix_cache=suffix, identity=identity)
         decoder.rows_exact = rows_exact
         decoder.context_reason = reason
+        release_after_load(root)  # the weight files' read-once pages and the load's free heap (runners/resident.py)
         return decoder
 
     def fork(self) -> "SpeculativeDecoder":
@@ -193,6 +195,7 @@ class SpeculativeDecoder:
                 self._costs = stored
             else:
                 self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
+                trim_heap()  # the calibration's random cache rows
                 if key is not None:
                     save_costs(key, self._costs)
         return self._costs

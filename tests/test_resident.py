@@ -1,0 +1,71 @@
+"""runners/resident.py: what a load gives back to the OS, and that nothing written is ever dropped.
+
+``release_read_once_pages`` drops resident pages of clean file mappings under a bundle's folder. Pages a
+process wrote in a private file mapping live only in memory: dropping them would silently restore the file's
+bytes. The test maps a file three ways (read only; read and then written; outside the bundle's folder) and
+checks that only the first loses its resident pages, and that every mapping still reads what it held (a
+release that ignored ``Anonymous``, the pages a write copied, fails on the written byte).
+"""
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from specdec.runners.resident import file_mappings, release_read_once_pages, trim_heap
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+
+SIZE = 4 * 2**20
+
+
+def _mapping_of(area) -> tuple:
+    address = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    with open("/proc/self/smaps") as smaps:
+        for start, end, path, resident, dirty, anonymous in file_mappings(smaps.read()):
+            if start <= address < end:
+                return resident, dirty, anonymous
+    raise AssertionError("mapping not found")
+
+
+def _private_map(path):
+    with open(path, "r+b") as handle:
+        return mmap.mmap(handle.fileno(), SIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def test_only_clean_pages_under_the_bundle_are_released_and_every_mapping_reads_the_same(tmp_path):
+    bundle, elsewhere = tmp_path / "bundle", tmp_path / "elsewhere"
+    bundle.mkdir()
+    elsewhere.mkdir()
+    content = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    for folder in (bundle, elsewhere):
+        (folder / "model.onnx.data").write_bytes(content)
+    clean, written = _private_map(bundle / "model.onnx.data"), _private_map(bundle / "model.onnx.data")
+    outside = _private_map(elsewhere / "model.onnx.data")
+    for area in (clean, written, outside):
+        assert area[:] == content  # every page read: resident
+    written[12345] = content[12345] ^ 0xFF  # a private copy of one page, only in memory
+    assert _mapping_of(clean)[0] * 1024 >= SIZE // 2
+    before_written, before_outside = _mapping_of(written)[0], _mapping_of(outside)[0]
+
+    released = release_read_once_pages(bundle)
+
+    assert released >= SIZE // 2
+    assert _mapping_of(clean)[0] == 0
+    assert _mapping_of(written)[0] == before_written and _mapping_of(outside)[0] == before_outside
+    assert clean[:] == content and outside[:] == content  # dropped pages read back from the file
+    assert written[12345] == content[12345] ^ 0xFF and written[:12345] == content[:12345]
+    for area in (clean, written, outside):
+        area.close()
+
+
+def test_file_mappings_reads_each_mapping_s_counters():
+    text = ("7f00-7f10 r--p 00000000 fe:00 12 /b/model.onnx.data\nRss: 8 kB\nPrivate_Dirty: 0 kB\nAnonymous: 0 kB\n"
+            "7f10-7f20 rw-p 00000000 00:00 0 \nRss: 4 kB\nPrivate_Dirty: 4 kB\nAnonymous: 4 kB\n")
+    assert file_mappings(text) == [(0x7F00, 0x7F10, "/b/model.onnx.data", 8, 0, 0), (0x7F10, 0x7F20, "", 4, 4, 4)]
+
+
+def test_trim_heap_runs():
+    assert trim_heap() in (True, False)

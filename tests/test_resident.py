@@ -1,10 +1,10 @@
 """runners/resident.py: what a load gives back to the OS, and that nothing written is ever dropped.
 
-``release_read_once_pages`` drops resident pages of clean file mappings under a bundle's folder. Pages a
-process wrote in a private file mapping live only in memory: dropping them would silently restore the file's
-bytes. The test maps a file three ways (read only; read and then written; outside the bundle's folder) and
-checks that only the first loses its resident pages, and that every mapping still reads what it held (a
-release that ignored ``Anonymous``, the pages a write copied, fails on the written byte).
+``release_read_once_pages`` reclaims resident pages of file mappings under a bundle's folder. Pages a process
+wrote in a private file mapping live only in memory: discarding them would silently restore the file's bytes.
+The test maps a file three ways (read only; read and then written; outside the bundle's folder) and checks that
+the first loses its resident pages, the file outside keeps them, and every mapping still reads what it held (a
+release by ``MADV_DONTNEED`` that ignored ``Anonymous``, the pages a write copied, fails on the written byte).
 """
 
 import ctypes
@@ -48,13 +48,16 @@ def test_only_clean_pages_under_the_bundle_are_released_and_every_mapping_reads_
         assert area[:] == content  # every page read: resident
     written[12345] = content[12345] ^ 0xFF  # a private copy of one page, only in memory
     assert _mapping_of(clean)[0] * 1024 >= SIZE // 2
-    before_written, before_outside = _mapping_of(written)[0], _mapping_of(outside)[0]
+    before_outside = _mapping_of(outside)[0]
 
     released = release_read_once_pages(bundle)
+    if released == 0:
+        pytest.skip("the kernel refuses MADV_PAGEOUT here (Linux < 5.4): nothing is released")
 
     assert released >= SIZE // 2
     assert _mapping_of(clean)[0] == 0
-    assert _mapping_of(written)[0] == before_written and _mapping_of(outside)[0] == before_outside
+    assert _mapping_of(outside)[0] == before_outside
+    assert _mapping_of(written)[2] >= 4  # the written page: still in memory (the file's pages may go)
     assert clean[:] == content and outside[:] == content  # dropped pages read back from the file
     assert written[12345] == content[12345] ^ 0xFF and written[:12345] == content[:12345]
     for area in (clean, written, outside):
@@ -62,10 +65,37 @@ def test_only_clean_pages_under_the_bundle_are_released_and_every_mapping_reads_
 
 
 def test_file_mappings_reads_each_mapping_s_counters():
-    text = ("7f00-7f10 r--p 00000000 fe:00 12 /b/model.onnx.data\nRss: 8 kB\nPrivate_Dirty: 0 kB\nAnonymous: 0 kB\n"
-            "7f10-7f20 rw-p 00000000 00:00 0 \nRss: 4 kB\nPrivate_Dirty: 4 kB\nAnonymous: 4 kB\n")
-    assert file_mappings(text) == [(0x7F00, 0x7F10, "/b/model.onnx.data", 8, 0, 0), (0x7F10, 0x7F20, "", 4, 4, 4)]
+    text = ("7f00-7f10 r--p 00000000 fe:00 12 /b/model.onnx.data\nRss: 8 kB\nAnonymous: 0 kB\nSwap: 0 kB\n"
+            "7f10-7f20 rw-p 00000000 00:00 0 \nRss: 4 kB\nAnonymous: 4 kB\nSwap: 8 kB\n")
+    assert file_mappings(text) == [(0x7F00, 0x7F10, "/b/model.onnx.data", 8, 0, 0), (0x7F10, 0x7F20, "", 4, 8, 4)]
 
 
 def test_trim_heap_runs():
     assert trim_heap() in (True, False)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", [[], ["--keep-pages", "--numpy-cache"]])
+def test_the_load_memory_tool_reports_a_loaded_bundle_and_its_target_at_depth(tiny_bundle, variant):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "load_memory.py"
+    done = subprocess.run([sys.executable, str(tool), str(tiny_bundle), "--max-context", "256", "--depth", "100",
+                           "--threads", "1", *variant], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("loaded (max_context 256): ") and "MiB resident" in lines[0]
+    assert lines[1].startswith("target at 100 cached tokens") and "file-backed" in lines[1]
+
+
+@pytest.mark.integration
+def test_load_releases_the_bundle_s_read_once_pages_once(tiny_bundle, monkeypatch):
+    """SpeculativeDecoder.load ends with release_after_load(bundle root), once (removing the call fails this)."""
+    import specdec.decoding.decoder as decoder_module
+
+    calls = []
+    monkeypatch.setattr(decoder_module, "release_after_load", lambda root: calls.append(root))
+    decoder_module.SpeculativeDecoder.load(tiny_bundle, max_context=128, verify=False)
+    assert [str(root) for root in calls] == [str(tiny_bundle)]

@@ -195,7 +195,7 @@ class SpeculativeDecoder:
                 self._costs = stored
             else:
                 self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
-                trim_heap()  # the calibration's random cache rows
+                trim_heap()  # the calibration's temporaries (its random rows before they are copied in)
                 if key is not None:
                     save_costs(key, self._costs)
         return self._costs

@@ -17,16 +17,19 @@ import numpy as np
 def cache_zeros(shape: tuple, dtype) -> np.ndarray:
     """A zeroed array whose memory the OS backs a 4 KiB page at a time, as rows are written.
 
-    A cache is many per-layer (per-head) regions of max_context rows, each written from its start. With
-    transparent huge pages on (Linux's default ``always`` on many distributions), the first row written in a
-    region brings in a whole 2 MiB page: measured on the 0.5B draft at a 32k context, 190 MiB resident after a
-    one-token pass (96 regions), for a few KiB of rows. ``MADV_NOHUGEPAGE`` on an anonymous mapping keeps
-    resident memory to the rows a request used. Where the platform lacks it: numpy's zeros."""
+    A cache is many per-layer (per-head) regions of max_context rows, each written from its start. numpy asks
+    for transparent huge pages on arrays of 4 MiB and more (Linux THP ``madvise`` or ``always``), so the first row
+    written in a region brought in a whole 2 MiB page: measured on the 0.5B draft at a 32k context, 190 MiB
+    resident after a one-token pass (96 regions), for a few KiB of rows. ``MADV_NOHUGEPAGE`` on an anonymous
+    mapping keeps resident memory to the rows a request used. Where the platform lacks it: numpy's zeros."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if size == 0 or not hasattr(mmap, "MADV_NOHUGEPAGE"):
         return np.zeros(shape, dtype)
     area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    area.madvise(mmap.MADV_NOHUGEPAGE)
+    try:
+        area.madvise(mmap.MADV_NOHUGEPAGE)
+    except OSError:  # a kernel built without transparent huge pages: nothing to turn off
+        pass
     return np.frombuffer(area, dtype=dtype).reshape(shape)  # the array holds the mapping (its base)
 
 

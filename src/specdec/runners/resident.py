@@ -1,16 +1,18 @@
-"""Memory a load leaves resident and no pass reads again: given back to the OS once the sessions are made.
+"""Memory a load leaves resident and no pass reads again: reclaimed once the sessions are made.
 
 Two kinds, measured on the real int4 pair (1.5B target, 0.5B draft; Linux, glibc, onnxruntime 1.32):
 
 - **Read-once pages of the bundle's weight files.** onnxruntime maps a model's external data file and reads
   every initializer a kernel packs into its own buffer at session creation. The packed weights it keeps; for
-  MatMulNBits the original block scales stay mapped (about 0.2 of a byte per weight: 194 MiB of the target's
+  MatMulNBits the original block scales stay mapped (a float32 per 32 weights: 194 MiB of the target's
   float32 scales and 59 MiB of the draft's) and resident, although the kernels compute from their packed copy.
-  ``release_read_once_pages`` drops the resident pages of every mapping of a file inside the bundle that holds
-  no page the process wrote (a write to a private file mapping makes an anonymous copy of the page, so
-  ``Anonymous`` 0; ``Private_Dirty`` also counts file pages not yet written back to disk, which are the file's
-  own bytes): a later read, if any, brings the same bytes back from the file, so no output can change. Linux
-  only (``/proc/self/smaps``, ``madvise``).
+  ``release_read_once_pages`` asks the kernel to reclaim the resident pages of every mapping of a file inside the
+  bundle (``madvise(MADV_PAGEOUT)``, Linux 5.4+): clean file pages are dropped (a later read, if any, brings the
+  file's bytes back), and a page the process wrote is never discarded (the kernel swaps it out or keeps it), so
+  no output can change, even if a mapping went away and its addresses were reused after ``/proc/self/smaps`` was
+  read. Mappings holding written pages (``Anonymous`` or ``Swap`` not 0) are skipped anyway: nothing to gain.
+  Where ``MADV_PAGEOUT`` is refused (older kernels; files the process may not write) nothing is released.
+  Linux only (``/proc/self/smaps``, ``madvise``).
 - **Free heap.** A load's temporaries (the check passes' buffers, the graph's unpacked copies) leave free blocks
   inside glibc's heap that it keeps (90 MiB after loading the pair). ``trim_heap`` is glibc's ``malloc_trim``.
 
@@ -20,7 +22,6 @@ Measured effect (2-core Xeon, 32,768-token context, a 26,697-token prompt served
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import re
@@ -28,17 +29,25 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_MADV_DONTNEED = 4
+_MADV_PAGEOUT = 21  # linux/mman.h
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$")
 
 
+_LIBC: list = []
+
+
 def _libc():
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name, use_errno=True) if name else None
+    """The C library the process already links (None where ctypes cannot open it)."""
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]
 
 
 def file_mappings(smaps_text: str) -> list:
-    """(start, end, path, resident kB, private dirty kB, anonymous kB) of each mapping in a smaps text."""
+    """(start, end, path, resident kB, swapped kB, anonymous kB) of each mapping in a smaps text."""
     mappings, current = [], None
     for line in smaps_text.splitlines():
         head = _MAPPING.match(line)
@@ -48,15 +57,15 @@ def file_mappings(smaps_text: str) -> list:
             continue
         if current is None:
             continue
-        for index, field in ((3, "Rss:"), (4, "Private_Dirty:"), (5, "Anonymous:")):
+        for index, field in ((3, "Rss:"), (4, "Swap:"), (5, "Anonymous:")):
             if line.startswith(field):
                 current[index] = int(line.split()[1])
     return [tuple(mapping) for mapping in mappings]
 
 
 def release_read_once_pages(root: str | Path) -> int:
-    """Drop the resident pages of mappings of files under ``root`` that hold no page this process wrote; returns
-    the bytes released (0 where the platform lacks /proc/self/smaps or madvise)."""
+    """Reclaim the resident pages of mappings of files under ``root`` that hold no page this process wrote; returns
+    the bytes the kernel accepted to reclaim (0 where the platform lacks /proc/self/smaps or MADV_PAGEOUT)."""
     libc = _libc()
     if libc is None or not hasattr(libc, "madvise") or not os.path.exists("/proc/self/smaps"):
         return 0
@@ -65,13 +74,14 @@ def release_read_once_pages(root: str | Path) -> int:
     with open("/proc/self/smaps") as smaps:
         mappings = file_mappings(smaps.read())
     released = 0
-    for start, end, path, resident, _dirty, anonymous in mappings:
-        if not path.startswith(inside) or resident == 0 or anonymous:
+    for start, end, path, resident, swapped, anonymous in mappings:
+        if not path.startswith(inside) or resident == 0 or anonymous or swapped:
             continue
-        if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+        if libc.madvise(start, end - start, _MADV_PAGEOUT) == 0:
             released += resident * 1024
         else:
-            log.debug("madvise(%s) failed: errno %d", path, ctypes.get_errno())
+            log.debug("madvise(%s, MADV_PAGEOUT) refused: errno %d", path, ctypes.get_errno())
+            return released  # the kernel or the file's permissions refuse it: so will the rest
     return released
 
 

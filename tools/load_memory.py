@@ -1,0 +1,93 @@
+"""Resident memory of a loaded bundle, and of its target at depth: what `specdec serve` holds before and during a long prompt.
+
+usage: python tools/load_memory.py BUNDLE [--max-context 32768] [--depth 26600] [--threads 2]
+                                   [--keep-pages] [--numpy-cache] [--passes N]
+
+Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the process's resident memory
+(VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
+random rows (written in place, no temporary copy) and one 64-token prefill chunk, one decode step and one 5-token
+verify pass run at that depth, and the memory is printed again. For A/Bs of what the runtime gives back:
+``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, the load's free
+heap); ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
+transparent huge pages where the OS uses them). Run one variant per process. ``--passes N`` also times N
+one-token steps, N 5-token verify passes and N 64-token chunks at that depth (nothing committed; medians): that
+giving back memory costs no speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def resident() -> str:
+    status = Path("/proc/self/status").read_text()
+    mib = {key: int(re.search(key + r":\s+(\d+)", status).group(1)) // 1024 for key in ("VmRSS", "RssAnon", "RssFile")}
+    return f"{mib['VmRSS']} MiB resident ({mib['RssAnon']} anonymous, {mib['RssFile']} file-backed)"
+
+
+def fill(runner, depth: int, seed: int = 0) -> None:
+    """Give ``runner`` ``depth`` committed slots of random rows, 4,096 slots at a time."""
+    rng = np.random.default_rng(seed)
+    runner.reset()
+    while runner.length < depth:
+        start = runner.length
+        count = min(4096, depth - start)
+        view = runner.cache[..., start : start + count, :]
+        view[...] = (rng.standard_normal(view.shape, dtype=np.float32) * 0.5).astype(view.dtype)
+        runner.slot_positions[start : start + count] = np.arange(start, start + count)
+        runner.slot_exact[start : start + count] = True
+        runner.length = start + count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--max-context", type=int, default=32768)
+    parser.add_argument("--depth", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-pages", action="store_true")
+    parser.add_argument("--numpy-cache", action="store_true")
+    parser.add_argument("--passes", type=int, default=0)
+    args = parser.parse_args()
+    if not Path("/proc/self/status").exists():
+        print("needs Linux's /proc/self/status", file=sys.stderr)
+        return 2
+    import specdec.decoding.decoder as decoder_module
+    import specdec.runners.folded as folded
+
+    if args.keep_pages:
+        decoder_module.release_after_load = lambda root: None
+    if args.numpy_cache:
+        folded.cache_zeros = lambda shape, dtype: np.zeros(shape, dtype)
+    decoder = decoder_module.SpeculativeDecoder.load(args.bundle, threads=args.threads, max_context=args.max_context,
+                                                     verify=False)
+    print(f"loaded (max_context {args.max_context}): {resident()}", flush=True)
+    if args.depth:
+        target = decoder.target
+        if not hasattr(target, "slot_exact") or getattr(target, "spec", None) is None or target.spec.attention != "folded":
+            print("--depth needs a folded-attention bundle (its runner's cache array)", file=sys.stderr)
+            return 2
+        fill(target, args.depth)
+        target.forward([42] * 64, range(args.depth, args.depth + 64), last_logits_only=True)
+        target.forward([42], [args.depth])
+        target.forward([42] * 5, range(args.depth, args.depth + 5))
+        print(f"target at {args.depth} cached tokens, after a 64-token chunk, a step and a verify: {resident()}")
+        for width in (1, 5, 64) if args.passes else ():
+            times = []
+            for _ in range(args.passes):
+                begin = time.perf_counter()
+                target.forward([42] * width, range(args.depth, args.depth + width), last_logits_only=width == 64)
+                times.append(time.perf_counter() - begin)
+            print(f"{width}-token pass at {args.depth}: median {statistics.median(times) * 1e3:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

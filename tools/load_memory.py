@@ -5,7 +5,7 @@ usage: python tools/load_memory.py BUNDLE [--max-context 32768] [--depth 26600] 
 
 Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the process's resident memory
 (VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
-random rows (written in place, no temporary copy) and one 64-token prefill chunk, one decode step and one 5-token
+random rows (4,096 rows at a time, written into it) and one 64-token prefill chunk, one decode step and one 5-token
 verify pass run at that depth, and the memory is printed again. For A/Bs of what the runtime gives back:
 ``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, the load's free
 heap); ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
@@ -61,11 +61,14 @@ def main() -> int:
         return 2
     import specdec.decoding.decoder as decoder_module
     import specdec.runners.folded as folded
+    import specdec.runners.fused as fused
+    import specdec.runners.kv_store as kv_store
 
     if args.keep_pages:
         decoder_module.release_after_load = lambda root: None
     if args.numpy_cache:
-        folded.cache_zeros = lambda shape, dtype: np.zeros(shape, dtype)
+        for module in (folded, fused, kv_store):
+            module.cache_zeros = lambda shape, dtype: np.zeros(shape, dtype)
     decoder = decoder_module.SpeculativeDecoder.load(args.bundle, threads=args.threads, max_context=args.max_context,
                                                      verify=False)
     print(f"loaded (max_context {args.max_context}): {resident()}", flush=True)

@@ -213,17 +213,13 @@ def test_pass_allocations_are_flat_in_the_context(any_runner):
 
 def _resident_bytes(array) -> int:
     """Resident bytes of the mappings ``array``'s memory lies in (/proc/self/smaps)."""
+    from specdec.runners.resident import file_mappings
+
     low = array.ctypes.data
-    high, total, inside = low + array.nbytes, 0, False
+    high = low + array.nbytes
     with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                start, end = (int(part, 16) for part in head.split("-"))
-                inside = start < high and end > low
-            elif inside and head == "Rss:":
-                total += int(line.split()[1]) * 1024
-    return total
+        return sum(resident * 1024 for start, end, _, resident, _, _ in file_mappings(smaps.read())
+                   if start < high and end > low)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")

@@ -24,9 +24,9 @@ SIZE = 4 * 2**20
 def _mapping_of(area) -> tuple:
     address = ctypes.addressof(ctypes.c_char.from_buffer(area))
     with open("/proc/self/smaps") as smaps:
-        for start, end, path, resident, dirty, anonymous in file_mappings(smaps.read()):
+        for start, end, path, resident, swapped, anonymous in file_mappings(smaps.read()):
             if start <= address < end:
-                return resident, dirty, anonymous
+                return resident, swapped, anonymous
     raise AssertionError("mapping not found")
 
 

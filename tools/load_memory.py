@@ -5,7 +5,7 @@ usage: python tools/load_memory.py BUNDLE [--max-context 32768] [--depth 26600] 
 
 Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the process's resident memory
 (VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
-random rows (4,096 rows at a time, written into it) and one 64-token prefill chunk, one decode step and one 5-token
+random rows (``runners.runner.fill_random``) and one 64-token prefill chunk, one decode step and one 5-token
 verify pass run at that depth, and the memory is printed again. For A/Bs of what the runtime gives back:
 ``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, the load's free
 heap); ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
@@ -32,20 +32,6 @@ def resident() -> str:
     return f"{mib['VmRSS']} MiB resident ({mib['RssAnon']} anonymous, {mib['RssFile']} file-backed)"
 
 
-def fill(runner, depth: int, seed: int = 0) -> None:
-    """Give ``runner`` ``depth`` committed slots of random rows, 4,096 slots at a time."""
-    rng = np.random.default_rng(seed)
-    runner.reset()
-    while runner.length < depth:
-        start = runner.length
-        count = min(4096, depth - start)
-        view = runner.cache[..., start : start + count, :]
-        view[...] = (rng.standard_normal(view.shape, dtype=np.float32) * 0.5).astype(view.dtype)
-        runner.slot_positions[start : start + count] = np.arange(start, start + count)
-        runner.slot_exact[start : start + count] = True
-        runner.length = start + count
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path)
@@ -63,6 +49,7 @@ def main() -> int:
     import specdec.runners.folded as folded
     import specdec.runners.fused as fused
     import specdec.runners.kv_store as kv_store
+    from specdec.runners.runner import fill_random
 
     if args.keep_pages:
         decoder_module.release_after_load = lambda root: None
@@ -74,10 +61,7 @@ def main() -> int:
     print(f"loaded (max_context {args.max_context}): {resident()}", flush=True)
     if args.depth:
         target = decoder.target
-        if not hasattr(target, "slot_exact") or getattr(target, "spec", None) is None or target.spec.attention != "folded":
-            print("--depth needs a folded-attention bundle (its runner's cache array)", file=sys.stderr)
-            return 2
-        fill(target, args.depth)
+        fill_random(target, args.depth)
         target.forward([42] * 64, range(args.depth, args.depth + 64), last_logits_only=True)
         target.forward([42], [args.depth])
         target.forward([42] * 5, range(args.depth, args.depth + 5))

@@ -236,6 +236,40 @@ def test_a_cache_is_resident_only_where_rows_were_written():
     assert float(cache[:, 5].sum(dtype=np.float64)) == 64 * 1024 and not cache[:, ::97].any()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_released_cache_pages_leave_memory_and_read_as_zeros():
+    """release_pages after 32 MiB of written rows: under 1 MiB resident, every byte zero again, and the cache takes
+    new rows (a release that does nothing, or numpy's zeros, which it cannot release, keeps 32 MiB and fails)."""
+    from specdec.runners.kv_store import cache_zeros, release_pages
+
+    cache = cache_zeros((8, 2048, 1024), np.float16)
+    if cache.base is None:
+        pytest.skip("cache_zeros falls back to numpy's zeros on this platform")
+    cache[:] = 1.0
+    assert _resident_bytes(cache) >= 32 * 2**20
+    assert release_pages(cache[2:4]) is True  # any view of the cache releases all of it
+    assert _resident_bytes(cache) < 2**20, _resident_bytes(cache)
+    assert not cache.any()
+    cache[:, 7] = 2.0
+    assert float(cache[:, 7].sum(dtype=np.float64)) == 8 * 1024 * 2.0
+    assert release_pages(np.ones(4, np.float16)) is False
+
+
+def test_load_and_calibration_release_their_random_rows(tiny_bundle, monkeypatch):
+    """The load's row check and the first calibration write rows no request reads: each gives the caches' pages
+    back (Runner.release_cache) before any request; removing either call fails this."""
+    from specdec.decoding.decoder import SpeculativeDecoder
+    from specdec.runners.runner import Runner
+
+    released = []
+    monkeypatch.setattr(Runner, "release_cache", lambda self: released.append(self.spec.num_layers))
+    decoder = SpeculativeDecoder.load(tiny_bundle, max_context=256, verify=False)
+    assert len(released) == 1  # the target, after its row check
+    decoder.wrap_target(lambda runner: runner)  # costs forgotten: measured here, never stored on this machine
+    decoder.costs()
+    assert len(released) == 3  # then both models, after the calibration
+
+
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_NOHUGEPAGE"), reason="cache_zeros falls back to np.zeros")
 def test_every_host_cache_is_allocated_by_cache_zeros(any_runner):
     """The runners' caches are the mapping cache_zeros makes (an mmap under the array), not numpy's zeros."""

@@ -1,14 +1,17 @@
 """Resident memory of a loaded bundle, and of its target at depth: what `specdec serve` holds before and during a long prompt.
 
 usage: python tools/load_memory.py BUNDLE [--max-context 32768] [--depth 26600] [--threads 2]
-                                   [--keep-pages] [--numpy-cache] [--passes N]
+                                   [--keep-pages] [--keep-cache-pages] [--numpy-cache] [--passes N]
+                                   [--calibrate]
 
 Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the process's resident memory
 (VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
 random rows (``runners.runner.fill_random``) and one 64-token prefill chunk, one decode step and one 5-token
 verify pass run at that depth, and the memory is printed again. For A/Bs of what the runtime gives back:
 ``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, the load's free
-heap); ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
+heap); ``--keep-cache-pages`` keeps the cache pages the load's row check and the calibration wrote
+(``Runner.release_cache`` only empties the cache); ``--calibrate`` measures the pass costs after the load (as a first ``auto`` request on a new
+machine does; never stored) and prints the memory again; ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
 transparent huge pages where the OS uses them). Run one variant per process. ``--passes N`` also times N
 one-token steps, N 5-token verify passes and N 64-token chunks at that depth (nothing committed; medians): that
 giving back memory costs no speed.
@@ -41,6 +44,8 @@ def main() -> int:
     parser.add_argument("--keep-pages", action="store_true")
     parser.add_argument("--numpy-cache", action="store_true")
     parser.add_argument("--passes", type=int, default=0)
+    parser.add_argument("--keep-cache-pages", action="store_true")
+    parser.add_argument("--calibrate", action="store_true")
     args = parser.parse_args()
     if not Path("/proc/self/status").exists():
         print("needs Linux's /proc/self/status", file=sys.stderr)
@@ -49,16 +54,22 @@ def main() -> int:
     import specdec.runners.folded as folded
     import specdec.runners.fused as fused
     import specdec.runners.kv_store as kv_store
-    from specdec.runners.runner import fill_random
+    from specdec.runners.runner import Runner, fill_random
 
     if args.keep_pages:
         decoder_module.release_after_load = lambda root: None
+    if args.keep_cache_pages:
+        Runner.release_cache = Runner.reset
     if args.numpy_cache:
         for module in (folded, fused, kv_store):
             module.cache_zeros = lambda shape, dtype: np.zeros(shape, dtype)
     decoder = decoder_module.SpeculativeDecoder.load(args.bundle, threads=args.threads, max_context=args.max_context,
                                                      verify=False)
     print(f"loaded (max_context {args.max_context}): {resident()}", flush=True)
+    if args.calibrate:
+        decoder.wrap_target(lambda runner: runner)  # forget any stored costs: measured now, not stored
+        decoder.costs()
+        print(f"after calibrating: {resident()}", flush=True)
     if args.depth:
         target = decoder.target
         fill_random(target, args.depth)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
-from specdec.decoding.calibration_store import calibration_key, load_costs, save_costs
+from specdec.decoding.calibration_store import OTHER_CORES_LIMIT, OtherLoad, calibration_key, load_costs, save_costs
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, ProbeBudget, calibrate
 from specdec.runners.fused import make_runner
 from specdec.decoding.prompt_cache import PromptCache
@@ -153,6 +153,7 @@ class SpeculativeDecoder:
         if provider == "cpu":  # the target's rows only: the draft's choose proposals, never the output
             width = exact_width(runners["target"])
             runners["target"].exact_width = width
+            runners["target"].release_cache()  # the check's random rows
             if width is not None and width < PREFILL_CHUNK:
                 log.info("target passes of more than %d tokens round unlike narrower ones on this CPU: prefill "
                          "chunks and verify passes stay within %d tokens (outputs unchanged by the cache)", width, width)
@@ -179,6 +180,14 @@ class SpeculativeDecoder:
         forked.context_reason = self.context_reason
         return forked
 
+    def wrap_target(self, wrap) -> None:
+        """Put ``wrap(target runner)`` in the target's place (a tool's instrumented or stretched runner) and forget
+        the measured pass costs: ``auto`` measures them again on the wrapped passes, and never stores those."""
+        with self._exclusive():
+            self.target = wrap(self.target)
+            self._costs = None
+            self._calibration_key = None
+
     def costs(self) -> Costs:
         """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
         with self._exclusive():
@@ -186,7 +195,8 @@ class SpeculativeDecoder:
 
     def _measured_costs(self) -> Costs:
         """Costs measured once per machine: from the on-disk store when a process with the same bundle, CPU,
-        onnxruntime, provider and threads measured them (decoding/calibration_store.py), else now (and saved)."""
+        onnxruntime, provider and threads measured them (decoding/calibration_store.py), else now (and saved, unless
+        other processes used the CPU meanwhile)."""
         if self._costs is None:
             key = self._calibration_key
             stored = load_costs(key) if key is not None else None
@@ -194,9 +204,17 @@ class SpeculativeDecoder:
                     self.draft is None or stored.draft_step > 0):
                 self._costs = stored
             else:
+                other = OtherLoad()
                 self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
+                other_cores = other.cores()
+                for runner in filter(None, (self.target, self.draft)):
+                    runner.release_cache()  # the calibration's random rows
                 trim_heap()  # the calibration's temporaries (its random rows before they are copied in)
-                if key is not None:
+                if key is not None and other_cores is not None and other_cores > OTHER_CORES_LIMIT:
+                    log.warning("other processes used %.2f CPU cores while this machine's pass costs were measured: "
+                                "they serve this process and are not stored (a later start measures again)",
+                                other_cores)
+                elif key is not None:
                     save_costs(key, self._costs)
         return self._costs
 

@@ -4,7 +4,8 @@ Layout ``[layers, 2 (key, value), batch=1, max_context, kv_heads, head_dim]``, s
 slots [a, b) of one layer's keys are one contiguous byte range: the runtime binds pointers
 into the cache (past = a prefix, new rows = the range after it) and nothing is copied.
 
-Every host cache is allocated by ``cache_zeros``: pages the OS backs only when written, 4 KiB at a time.
+Every host cache is allocated by ``cache_zeros``: pages the OS backs only when written, 4 KiB at a time;
+``release_pages`` gives them all back (after the load's and the calibration's passes over random rows).
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def cache_zeros(shape: tuple, dtype) -> np.ndarray:
     except OSError:  # a kernel built without transparent huge pages: nothing to turn off
         pass
     return np.frombuffer(area, dtype=dtype).reshape(shape)  # the array holds the mapping (its base)
+
+
+def release_pages(array: np.ndarray) -> bool:
+    """Give the pages of a ``cache_zeros`` array back to the OS: they read as zeros again, as a fresh cache's, and
+    are backed again only where rows are written. False (nothing done) for an array not made by ``cache_zeros``."""
+    holder = array
+    while isinstance(holder, np.ndarray):
+        holder = holder.base
+    holder = holder.obj if isinstance(holder, memoryview) else holder
+    if not isinstance(holder, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    holder.madvise(mmap.MADV_DONTNEED)  # a private anonymous mapping: dropped pages come back zero-filled
+    return True
 
 
 class HostKV:

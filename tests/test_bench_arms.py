@@ -49,7 +49,23 @@ def test_each_run_gets_its_arms_settings_and_all_are_restored(tiny_decoder, monk
     assert summary["all"]["target"]["summed_ratio"] == pytest.approx(1.0)
     assert summary["code"]["steady"]["pairs"] == 2
     assert summary["all"]["unbudgeted"]["same_output"] == 4  # greedy, exact rows on the tiny model
+    assert summary["all"]["target"]["end_to_end_ratio"] == pytest.approx(1.0)
     assert "| prose | steady | 2 |" in arms_markdown(summary, "target")
+
+
+def test_end_to_end_counts_prefill_and_older_rows_without_it_print_a_dash():
+    rows = [{"repeat": 0, "id": "a", "kind": "code", "arm": arm, "tokens": 10, "seconds": decode,
+             "prefill_seconds": prefill, "draft_seconds": 0.0, "draft_forwards": 0, "ids": [1]}
+            for arm, decode, prefill in (("target", 2.0, 1.0), ("eager", 1.0, 2.0), ("lazy", 1.5, 1.0))]
+    summary = summarize_arms(rows, "target")["code"]
+    assert summary["eager"]["summed_ratio"] == pytest.approx(2.0)  # decode only: the eager arm looks best
+    assert summary["eager"]["end_to_end_ratio"] == pytest.approx(1.0)  # its prefill took back what it saved
+    assert summary["lazy"]["end_to_end_ratio"] == pytest.approx(3.0 / 2.5)
+    for row in rows:
+        del row["prefill_seconds"]
+    summary = summarize_arms(rows, "target")
+    assert summary["code"]["lazy"]["end_to_end_ratio"] is None
+    assert "| code | lazy | 1 | 1.333 | 1.333 | - |" in arms_markdown(summary, "target")
 
 
 def test_a_setting_that_names_nothing_is_refused(tiny_decoder):

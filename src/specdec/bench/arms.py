@@ -84,6 +84,7 @@ def run_arms(decoder, prompts: list, arms: list, repeats: int = 1, max_new_token
                     stats = result.stats
                     rows.append({"repeat": repeat, "id": prompt["id"], "kind": prompt.get("kind", "all"),
                                  "arm": arm.name, "tokens": stats.new_tokens, "seconds": stats.decode_seconds,
+                                 "prefill_seconds": stats.prefill_seconds,
                                  "draft_seconds": stats.draft_seconds, "draft_forwards": stats.draft_forwards,
                                  "target_forwards": stats.target_forwards, "ids": list(result.token_ids)})
                     if progress is not None:
@@ -105,6 +106,7 @@ def summarize_arms(rows: list, baseline: str) -> dict:
         pairs = sorted({(row["repeat"], row["id"]) for row in rows if kind in ("all", row["kind"])})
         base = [runs[pair + (baseline,)] for pair in pairs]
         base_rate = sum(r["tokens"] for r in base) / sum(r["seconds"] for r in base)
+        timed_prefill = all("prefill_seconds" in row for row in rows)  # rows of older runs lack it
         summary[kind] = {}
         for arm in arms:
             mine = [runs[pair + (arm,)] for pair in pairs]
@@ -112,6 +114,8 @@ def summarize_arms(rows: list, baseline: str) -> dict:
             summary[kind][arm] = {
                 "pairs": len(pairs),
                 "summed_ratio": sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine) / base_rate,
+                # prefill included (both models'): a lazily prefilled draft pays inside decoding, an eager one before
+                "end_to_end_ratio": _end_to_end(base) / _end_to_end(mine) if timed_prefill else None,
                 "median_ratio": statistics.median(ratios),
                 "faster_pairs": sum(ratio > 1.0 for ratio in ratios),
                 "draft_seconds": sum(r["draft_seconds"] for r in mine),
@@ -121,12 +125,19 @@ def summarize_arms(rows: list, baseline: str) -> dict:
     return summary
 
 
+def _end_to_end(rows: list) -> float:
+    """Seconds per token, prefill included, over ``rows``."""
+    return sum(r["seconds"] + r["prefill_seconds"] for r in rows) / sum(r["tokens"] for r in rows)
+
+
 def arms_markdown(summary: dict, baseline: str) -> str:
-    lines = [f"| kind | arm | pairs | summed vs {baseline} | per-pair median | faster pairs | draft s | draft passes "
-             f"| same output |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| kind | arm | pairs | summed vs {baseline} | per-pair median | end-to-end vs {baseline} | faster pairs "
+             f"| draft s | draft passes | same output |", "|---|---|---|---|---|---|---|---|---|---|"]
     for kind, arms in summary.items():
         for arm, f in arms.items():
+            end_to_end = "-" if f.get("end_to_end_ratio") is None else f"{f['end_to_end_ratio']:.3f}"
             lines.append(f"| {kind} | {arm} | {f['pairs']} | {f['summed_ratio']:.3f} | {f['median_ratio']:.3f} | "
+                         f"{end_to_end} | "
                          f"{f['faster_pairs']} | {f['draft_seconds']:.1f} | {f['draft_forwards']} | "
                          f"{f['same_output']} |")
     return "\n".join(lines) + "\n"

@@ -10,8 +10,8 @@ target's prices. The result is an emulation: the bigger model's own acceptance i
 
 The ratio comes from two ``scale_costs.py`` records of the same form, each in its own run's draft steps (the
 same draft model beside both targets): passes of 1..9 tokens at the same depth, and a cold prefill's tokens/s
-for wide (prefill-chunk) passes; widths between are interpolated linearly. A pass
-is stretched by its own measured time times the ratio, so what grows with depth on the real target grows alike.
+for wide (prefill-chunk) passes; widths between are interpolated linearly. A pass is stretched by its own
+measured time times the ratio, so what grows with depth on the real target grows alike.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def cost_stretch(own: dict, other: dict) -> CostStretch:
     draft, whatever the machine's speed was during each run (a VM drifts between runs); ValueError naming what is
     missing."""
     for name, record in (("own", own), ("other", other)):
-        if not all(record.get(name) for name in ("target_pass_ms", "prefill_tokens_per_s", "draft_step_ms")):
+        if not all(record.get(field) for field in ("target_pass_ms", "prefill_tokens_per_s", "draft_step_ms")):
             raise ValueError(f"{name}: a scale_costs.py record with target_pass_ms, prefill_tokens_per_s and "
                              "draft_step_ms (a bundle with a draft)")
     shared = sorted(set(map(int, own["target_pass_ms"])) & set(map(int, other["target_pass_ms"])))

@@ -26,7 +26,7 @@ from specdec.decoding.cost_model import Costs
 
 log = logging.getLogger(__name__)
 FILE_NAME = "pass-costs.json"
-LAYOUT = 2  # 2: the costs' growth with the context (verify_slope, draft_slope)
+LAYOUT = 3  # 2: the costs' growth with the context (verify_slope, draft_slope); 3: measured on a quiet CPU (OtherLoad)
 # the CPU other processes may have used while costs were measured (cores, on average) for the costs to be stored:
 # a quiet 2-core VM shows 0.01; a busy loop beside the calibration 0.65; one busy half the time 0.28
 OTHER_CORES_LIMIT = 0.1

@@ -276,10 +276,7 @@ def test_every_host_cache_is_allocated_by_cache_zeros(any_runner):
     import mmap
 
     from specdec.runners.fused import FusedRunner
+    from specdec.runners.kv_store import cache_mapping
 
     cache = any_runner.cache if isinstance(any_runner, FusedRunner) else any_runner.kv.array
-    base = cache
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    base = base.obj if isinstance(base, memoryview) else base
-    assert isinstance(base, mmap.mmap), type(base)
+    assert isinstance(cache_mapping(cache), mmap.mmap), type(cache.base)

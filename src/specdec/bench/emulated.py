@@ -16,9 +16,10 @@ measured time times the ratio, so what grows with depth on the real target grows
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 PREFILL_WIDTH = 64  # the width a cold prefill's tokens/s stands for (the runtime's prefill chunk)
 
@@ -36,17 +37,7 @@ class CostStretch:
 
     def ratio(self, tokens: int) -> float:
         """The stretch of a pass over ``tokens`` tokens (linear between measured widths, flat outside them)."""
-        widths, ratios = self.widths, self.ratios
-        if tokens <= widths[0]:
-            return ratios[0]
-        if tokens >= widths[-1]:
-            return ratios[-1]
-        right = bisect.bisect_left(widths, tokens)
-        if widths[right] == tokens:
-            return ratios[right]
-        left = right - 1
-        share = (tokens - widths[left]) / (widths[right] - widths[left])
-        return ratios[left] + share * (ratios[right] - ratios[left])
+        return float(np.interp(tokens, self.widths, self.ratios))
 
 
 def cost_stretch(own: dict, other: dict) -> CostStretch:

@@ -34,16 +34,22 @@ def cache_zeros(shape: tuple, dtype) -> np.ndarray:
     return np.frombuffer(area, dtype=dtype).reshape(shape)  # the array holds the mapping (its base)
 
 
-def release_pages(array: np.ndarray) -> bool:
-    """Give the pages of a ``cache_zeros`` array back to the OS: they read as zeros again, as a fresh cache's, and
-    are backed again only where rows are written. False (nothing done) for an array not made by ``cache_zeros``."""
+def cache_mapping(array: np.ndarray) -> mmap.mmap | None:
+    """The anonymous mapping under a ``cache_zeros`` array (or a view of one); None for any other array."""
     holder = array
     while isinstance(holder, np.ndarray):
         holder = holder.base
     holder = holder.obj if isinstance(holder, memoryview) else holder
-    if not isinstance(holder, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+    return holder if isinstance(holder, mmap.mmap) else None
+
+
+def release_pages(array: np.ndarray) -> bool:
+    """Give the pages of a ``cache_zeros`` array back to the OS: they read as zeros again, as a fresh cache's, and
+    are backed again only where rows are written. False (nothing done) for an array not made by ``cache_zeros``."""
+    area = cache_mapping(array)
+    if area is None or not hasattr(mmap, "MADV_DONTNEED"):
         return False
-    holder.madvise(mmap.MADV_DONTNEED)  # a private anonymous mapping: dropped pages come back zero-filled
+    area.madvise(mmap.MADV_DONTNEED)  # a private anonymous mapping: dropped pages come back zero-filled
     return True
 
 

@@ -269,7 +269,7 @@ def test_calibration_interleaves_widths_and_keeps_wider_passes_at_least_as_costl
 
 class _ClockRunner:
     """A fake runner on a fake clock: a pass of T tokens after ``length`` cached ones advances the clock by
-    ``base(T) + slope(T) * length`` (attention reads the whole cache); restore/kv_layout like a host cache."""
+    ``base(T) + slope(T) * length`` (attention reads the whole cache); restore/kv_layout/random_kv like a host cache."""
 
     def __init__(self, clock, base, slope, max_context=8192):
         self.clock, self.base, self.slope = clock, base, slope
@@ -286,6 +286,9 @@ class _ClockRunner:
 
     def kv_layout(self, count):
         return (1, 1, count, 1), np.float32
+
+    def random_kv(self, count):
+        return np.zeros((1, 1, count, 1), np.float32)
 
     def restore(self, snapshot, count):
         self.length = count

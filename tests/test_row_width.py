@@ -48,6 +48,9 @@ class WidthRunner:
     def kv_layout(self, count):
         return (count, 4), np.float32
 
+    def random_kv(self, count):
+        return np.random.default_rng(0).standard_normal((count, 4), dtype=np.float32)
+
     def snapshot(self):
         return KVSnapshot(self.ids[: self.length].copy(), self.cache[: self.length].copy())
 

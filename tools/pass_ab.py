@@ -44,9 +44,7 @@ def _grow(runner, context: int, synthetic: bool) -> None:
     if synthetic:
         from specdec.runners.runner import KVSnapshot
 
-        shape, dtype = runner.kv_layout(context)
-        rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
-        runner.restore(KVSnapshot(ids, rows), context)
+        runner.restore(KVSnapshot(ids, runner.random_kv(context)), context)
         return
     for start in range(runner.length, context, CHUNK):
         chunk = ids[start:min(start + CHUNK, context)]

@@ -20,13 +20,15 @@ from specdec.contract.field_checks import (FieldError, anything, dimension, fail
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
-TENSOR_DTYPES = ("bool", "int32", "int64", "float32", "float16", "bfloat16")  # numpy names the contract may use
-MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights and KV cache
+TENSOR_DTYPES = ("bool", "int8", "int32", "int64", "float32", "float16", "bfloat16")  # numpy names the contract may use
+MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights
+KV_DTYPES = MODEL_DTYPES + ("int8",)  # KV cache; int8: the folded form's, a float32 scale per row (kv_scale_tensors)
+KV_SCALE_DTYPE = "float32"
 QUANTS = ("none", "int4", "int8", "int4-qdq")
 LOGITS_DTYPE = "float32"  # the runtime binds a float32 logits buffer
 LOGIT_ROWS = "logit_rows"  # fused graphs' optional input: which new rows get logits (module docstring)
 # onnxruntime's element type strings (NodeArg.type) for the numpy names above
-ORT_TYPES = {"bool": "tensor(bool)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
+ORT_TYPES = {"bool": "tensor(bool)", "int8": "tensor(int8)", "int32": "tensor(int32)", "int64": "tensor(int64)", "float32": "tensor(float)",
              "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
 # graph form -> its KV layout: "split-bsnh" = past in [batch, past, kv_heads, head_dim], new rows out separately;
 # "shared-bnsh" = one [batch, kv_heads, max_context, head_dim] buffer per layer read and written in place
@@ -133,6 +135,16 @@ class ModelSpec:
             return (base,)
         return tuple(tuple(f"{name}.{head}" for name in base) for head in range(self.num_kv_heads))
 
+    def kv_scale_tensors(self, layer: int) -> tuple:
+        """An int8 cache's scales beside ``kv_tensors``: per KV head (past_key, past_value, new_key, new_value) names
+        of ``[cache_rows, 1]`` float32 views (``<name>_scale.<head>``; row r's values are the int8 row times its
+        scale); () for a float cache."""
+        if self.kv_dtype != "int8":
+            return ()
+        names = self.kv[layer]
+        base = (names.past_key, names.past_value, names.new_key, names.new_value)
+        return tuple(tuple(f"{name}_scale.{head}" for name in base) for head in range(self.num_kv_heads))
+
     def has_input(self, name: str) -> bool:
         return any(spec.name == name for spec in self.inputs)
 
@@ -180,7 +192,7 @@ MODEL_FIELDS = {
     "hidden_size": positive_int,
     "vocab_size": positive_int,
     "max_positions": positive_int,
-    "kv_dtype": one_of(MODEL_DTYPES),
+    "kv_dtype": one_of(KV_DTYPES),
     "dtype": one_of(MODEL_DTYPES),
     "quant": one_of(QUANTS),
     "sliding_window": optional(positive_int),
@@ -226,6 +238,8 @@ def _check_geometry(spec: "ModelSpec") -> None:
     if spec.vocab_subset is not None and not (isinstance(width, int) and 0 < width <= spec.vocab_size):
         raise BundleError(f"{role}.vocab_subset scores a pruned vocabulary but the logits tensor has shape "
                           f"{list(logits.shape)} (vocab_size {spec.vocab_size})")
+    if spec.kv_dtype == "int8" and spec.attention != "folded":
+        raise BundleError(f"{role}.kv_dtype int8 is the folded attention's cache, not the {spec.attention!r} form's")
     dims = (spec.head_dim,) if spec.attention == "folded" else (spec.num_kv_heads, spec.head_dim)
     for layer in range(len(spec.kv)):
         for name, table, where in ((name, table, where) for past_key, past_value, new_key, new_value in
@@ -240,6 +254,12 @@ def _check_geometry(spec: "ModelSpec") -> None:
             if _kv_dims(tensor.shape) != dims:
                 raise BundleError(f"{role}.num_kv_heads {spec.num_kv_heads} / head_dim {spec.head_dim} do not match "
                                   f"{name} of shape {list(tensor.shape)}")
+    for layer in range(len(spec.kv)):
+        for past_key, past_value, new_key, new_value in spec.kv_scale_tensors(layer):
+            for name, table in ((past_key, inputs), (past_value, inputs), (new_key, outputs), (new_value, outputs)):
+                tensor = table.get(name)
+                if tensor is None or tensor.dtype != KV_SCALE_DTYPE or _kv_dims(tensor.shape) != (1,):
+                    raise BundleError(f"{role}.kv_dtype int8 needs a {KV_SCALE_DTYPE} [cache_rows, 1] tensor {name!r}")
 
 
 def check_graph(spec: ModelSpec, graph_inputs, graph_outputs) -> None:
@@ -434,6 +454,11 @@ def fused_graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size
                            for name in (names.past_key, names.past_value)]
                 outputs += [TensorSpec(f"{name}.{head}", kv_dtype, ("cache_rows", head_dim))
                             for name in (names.new_key, names.new_value)]
+                if kv_dtype == "int8":
+                    inputs += [TensorSpec(f"{name}_scale.{head}", KV_SCALE_DTYPE, ("cache_rows", 1))
+                               for name in (names.past_key, names.past_value)]
+                    outputs += [TensorSpec(f"{name}_scale.{head}", KV_SCALE_DTYPE, ("cache_rows", 1))
+                                for name in (names.new_key, names.new_value)]
         else:
             cache_shape = ("batch", num_kv_heads, "max_context", head_dim)
             inputs += [TensorSpec(names.past_key, kv_dtype, cache_shape), TensorSpec(names.past_value, kv_dtype, cache_shape)]

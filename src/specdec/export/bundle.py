@@ -187,7 +187,7 @@ class ExportOptions:
 
 
 EXPORTERS = ("auto", "streamed", "traced")
-KV_DTYPES = ("auto", "float32", "float16")
+KV_DTYPES = ("auto", "float32", "float16", "int8")
 DEFAULT_KV_DTYPE = "float16"  # --kv-dtype auto for streamed exports (perplexity within 0.05% of float32: docs/bundle.md)
 
 

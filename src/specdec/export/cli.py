@@ -68,10 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "time (peak memory about one layer; Llama, Qwen2, Qwen3, Mistral); traced = the whole "
                              "float model traced by torch.onnx (every architecture and graph form; about twice the "
                              "float32 weights in memory); auto (default) = streamed wherever it applies")
-    parser.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
+    parser.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16", "int8"],
                         help="the streamed export's KV cache type: auto (default) = float16, half float32's memory "
-                             "at the same speed (perplexity within 0.05%%); the traced exporter keeps float32 "
-                             "(fused) or --dtype (standard)")
+                             "at the same speed (perplexity within 0.05%%); int8 = llama.cpp's q8_0 KV (a float32 "
+                             "scale per row of head_dim values: about a quarter of float32's memory); the traced "
+                             "exporter keeps float32 (fused) or --dtype (standard)")
     parser.add_argument("--attention", default="folded", choices=["folded", "gqa"],
                         help="the streamed fused graph's attention: folded (default) reads each KV cache row once "
                              "per pass; gqa = onnxruntime's GroupQueryAttention (float32 KV; the traced exporter's)")

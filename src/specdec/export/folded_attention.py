@@ -10,8 +10,10 @@ of the layer's ``[kv_heads, slots, D]`` buffer (one head's slots are contiguous)
 chunk at or past the pass's total (columns past the total are blocked by the bias, so they add exact zeros). The
 new rows (rotated keys, values) go in with a ScatterND whose output ``present.{l}.key.{h}`` the runtime binds to
 the same view: onnxruntime's ScatterND copies its input only when the output is another buffer, so the T rows are
-written in place and the Gemm reads the updated rows. Nothing past-sized is copied; a float16 cache adds a Cast of
-the rows read (memory for speed).
+written in place and the Gemm reads the updated rows. Nothing past-sized is copied; a float16 or int8 cache adds a
+Cast of the rows read (memory for speed). An int8 cache (llama.cpp's ``q8_0`` KV, a scale per row of ``head_dim``
+values instead of per 32) keeps a float32 scale per row in ``past.{l}.key_scale.{h}`` ``[cache_rows, 1]``, written
+beside the rows and applied to the scores' and probabilities' columns (``attend``).
 
 Rows stay exact: every query row is at least the second row of its Gemm (a KV head with one query head folds a
 copy of its rows beside them), the tiled kernel's rows do not depend on the row count, and a row's sums over the
@@ -36,7 +38,8 @@ import numpy as np
 from specdec.contract.manifest import PAST_LENGTH, fused_kv_names
 from specdec.export.graph_writer import GraphWriter
 
-_ONNX_FLOAT, _ONNX_FLOAT16 = 1, 10
+_ONNX_FLOAT, _ONNX_FLOAT16, _ONNX_INT8 = 1, 10, 3
+_SMALLEST_SCALE = 1e-30  # an all-zero row's scale (its steps are 0 either way)
 
 
 def fold_copies(g) -> int:
@@ -154,21 +157,46 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
     names = fused_kv_names(g.layers)[index]
     outputs = []
     for head in range(kv_heads):
-        cached = {}
+        cached, scales = {}, {}
         for kind, past, present in (("k", names.past_key, names.new_key), ("v", names.past_value, names.new_value)):
-            rows = w.node("ScatterND", [f"{past}.{head}", shared["slots"], per_head[kind][head]], [f"{present}.{head}"],
+            new_rows = per_head[kind][head]
+            if kv_dtype == "int8":
+                new_rows, scale = _int8_rows(w, new_rows, f"{prefix}/{kind}{head}")
+                scales[kind] = _scale_columns(w, w.node("ScatterND", [f"{past}_scale.{head}", shared["slots"], scale],
+                                                        [f"{present}_scale.{head}"],
+                                                        name=f"{prefix}/{kind}{head}_scale_write")[0],
+                                              f"{prefix}/{kind}{head}")
+            rows = w.node("ScatterND", [f"{past}.{head}", shared["slots"], new_rows], [f"{present}.{head}"],
                           name=f"{prefix}/{kind}{head}_write")[0]
-            if kv_dtype == "float16":
+            if kv_dtype != "float32":
                 rows = w.one("Cast", [rows], name=f"{prefix}/{kind}{head}_float", to=_ONNX_FLOAT)
             cached[kind] = rows
         outputs.append(attend(w, queries[head], cached["k"], cached["v"], bias, shared["plan"], dim,
-                              f"{prefix}/head{head}"))
+                              f"{prefix}/head{head}", scales.get("k"), scales.get("v")))
     out = w.one("Concat", outputs, name=f"{prefix}/out", axis=0) if kv_heads > 1 else outputs[0]
     out = w.one("Reshape", [out, w.constant([kv_heads, copies * group, -1, dim])], name=f"{prefix}/out_heads")
     if copies > 1:
         out = w.one("Slice", [out, w.constant([0]), w.constant([group]), w.constant([1])], name=f"{prefix}/out_first")
     out = w.one("Transpose", [out], name=f"{prefix}/out_tokens", perm=[2, 0, 1, 3])  # [T, KVH, G, D]
     return w.one("Reshape", [out, w.constant([1, -1, heads * dim])], name=f"{prefix}/rows")
+
+
+def _int8_rows(w: GraphWriter, rows: str, name: str) -> tuple[str, str]:
+    """An int8 cache's form of new rows [T, D] float32: (int8 rows [T, D], scales [T, 1]), each row symmetric with
+    scale max|x| / 127 (``runners/kv_int8.quantize_rows`` is the same rule in numpy)."""
+    peak = w.one("ReduceMax", [w.one("Abs", [rows], name=f"{name}_abs"), w.constant([1])], name=f"{name}_peak",
+                 keepdims=1)
+    scale = w.one("Max", [w.one("Div", [peak, w.constant(127.0, np.float32)], name=f"{name}_scale_raw"),
+                          w.constant(_SMALLEST_SCALE, np.float32)], name=f"{name}_scale")
+    steps = w.one("Round", [w.one("Div", [rows, scale], name=f"{name}_steps_raw")], name=f"{name}_steps")
+    clipped = w.one("Clip", [steps, w.constant(-127.0, np.float32), w.constant(127.0, np.float32)],
+                    name=f"{name}_steps_clipped")
+    return w.one("Cast", [clipped], name=f"{name}_int8", to=_ONNX_INT8), scale
+
+
+def _scale_columns(w: GraphWriter, scales: str, name: str) -> str:
+    """[cache_rows, 1] scales as one row [1, cache_rows]: a factor per cache column of the scores / probabilities."""
+    return w.one("Reshape", [scales, w.constant([1, -1])], name=f"{name}_scale_row")
 
 
 def _split_heads(w: GraphWriter, x: str, count: int, name: str) -> list:
@@ -180,7 +208,7 @@ def _split_heads(w: GraphWriter, x: str, count: int, name: str) -> list:
 
 
 def attend(w: GraphWriter, queries: str, keys: str, values: str, bias: tuple[str, str], plan: RowPlan, dim: int,
-           name: str) -> str:
+           name: str, key_scales: str | None = None, value_scales: str | None = None) -> str:
     """One KV head's attention rows [GR * T, dim] from queries [GR * T, dim] (row g * T + t), keys / values
     [cache_rows, dim] and ``folded_bias``'s rows, each row as a one-token pass computes it.
 
@@ -188,21 +216,40 @@ def attend(w: GraphWriter, queries: str, keys: str, values: str, bias: tuple[str
     runs the same three products per token chunk (the queries padded and cut like the bias: chunk c's rows
     g * size + t), so every product keeps fewer rows than head_dim and no buffer is wider than one chunk's; keys
     and values are read once per chunk. The narrow pass's Gemm and Softmax stay in the main graph: inside an If
-    their [rows, cache_rows] buffers made one-token passes at 27k cached tokens 6-11% slower (2 threads, Xeon)."""
+    their [rows, cache_rows] buffers made one-token passes at 27k cached tokens 6-11% slower (2 threads, Xeon).
+
+    An int8 cache's rows come with a scale per cache row (``key_scales`` / ``value_scales``, [1, cache_rows]):
+    the keys' multiplies the scores' columns (q . (s k) = s (q . k)) and the values' the probabilities' columns
+    ((p s) V = p (s V)), so the products read the rows as cast, and each factor is elementwise: rows stay exact."""
     helper = w.onnx.helper
     steps = _Steps(helper, name)
     alpha, rows = float(dim ** -0.5), plan.group_rows
     narrow_bias, wide_bias = bias
     narrow_q = w.one("Slice", [queries, w.constant([0]), plan.narrow_rows, w.constant([0])], name=f"{name}_narrow_q")
-    scores = w.one("Gemm", [narrow_q, keys, narrow_bias], name=f"{name}_scores", alpha=alpha, transB=1)
+    if key_scales is None:
+        scores = w.one("Gemm", [narrow_q, keys, narrow_bias], name=f"{name}_scores", alpha=alpha, transB=1)
+    else:
+        products = w.one("Gemm", [narrow_q, keys], name=f"{name}_products", alpha=alpha, transB=1)
+        scores = w.one("Add", [w.one("Mul", [products, key_scales], name=f"{name}_scaled"), narrow_bias],
+                       name=f"{name}_scores")
     probs = w.one("Softmax", [scores], name=f"{name}_probs", axis=-1)
-    whole = helper.make_graph([steps.node("MatMul", [probs, values], "whole")], f"{name}_one_product", [],
-                              [_float_value(helper, steps("whole"))])
-    body = helper.make_graph([steps.node("Gemm", [steps("chunk_q"), keys, steps("chunk_bias")], "chunk_scores",
-                                         alpha=alpha, transB=1),
-                              steps.node("Softmax", [steps("chunk_scores")], "chunk_probs", axis=-1),
-                              steps.node("MatMul", [steps("chunk_probs"), values], "chunk_out")],
-                             f"{name}_chunk_products",
+    one = [steps.node("MatMul", [probs, values], "whole")]
+    if value_scales is not None:
+        one = [steps.node("Mul", [probs, value_scales], "weights"), steps.node("MatMul", [steps("weights"), values], "whole")]
+    whole = helper.make_graph(one, f"{name}_one_product", [], [_float_value(helper, steps("whole"))])
+    if key_scales is None:
+        chunk = [steps.node("Gemm", [steps("chunk_q"), keys, steps("chunk_bias")], "chunk_scores", alpha=alpha, transB=1)]
+    else:
+        chunk = [steps.node("Gemm", [steps("chunk_q"), keys], "chunk_products", alpha=alpha, transB=1),
+                 steps.node("Mul", [steps("chunk_products"), key_scales], "chunk_scaled"),
+                 steps.node("Add", [steps("chunk_scaled"), steps("chunk_bias")], "chunk_scores")]
+    chunk.append(steps.node("Softmax", [steps("chunk_scores")], "chunk_probs", axis=-1))
+    weights = steps("chunk_probs")
+    if value_scales is not None:
+        chunk.append(steps.node("Mul", [weights, value_scales], "chunk_weights"))
+        weights = steps("chunk_weights")
+    chunk.append(steps.node("MatMul", [weights, values], "chunk_out"))
+    body = helper.make_graph(chunk, f"{name}_chunk_products",
                              [_float_value(helper, steps("chunk_q")), _float_value(helper, steps("chunk_bias"))],
                              [_float_value(helper, steps("chunk_out"))])
     zero = w.constant([0])

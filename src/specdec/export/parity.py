@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from specdec.contract.manifest import ModelSpec
+from specdec.runners.kv_int8 import dequantize_rows, quantize_rows
 from specdec.runners.masks import build_masks
 
 TREE_PARENTS = (-1, 0, 0, 1, 2)  # a root, two children, one grandchild under each
@@ -74,14 +75,20 @@ class OnnxRunner:
 
         past_len, count = past[0][0].shape[0], len(tokens)
         runner = make_runner("", self.spec, "cpu", past_len + count, count, session=self.session)
+        scales = getattr(runner, "scales", None)  # an int8 cache's (runners/kv_int8.py)
         for layer, (keys, values) in enumerate(past):
-            runner.cache[layer, 0, 0, :, :past_len] = keys.transpose(1, 0, 2)
-            runner.cache[layer, 1, 0, :, :past_len] = values.transpose(1, 0, 2)
+            for kind, rows in ((0, keys), (1, values)):
+                rows = rows.transpose(1, 0, 2)
+                if scales is not None:
+                    rows, scales[layer, kind, 0, :, :past_len] = quantize_rows(rows)
+                runner.cache[layer, kind, 0, :, :past_len] = rows
         runner.slot_positions[:past_len] = np.arange(past_len) if past_positions is None else past_positions
         runner.length = past_len
         logits = runner.forward(tokens, positions, parents).copy()
-        rows = [tuple(runner.cache[layer, kind, 0, :, past_len : past_len + count].transpose(1, 0, 2).astype(np.float32)
-                      for kind in (0, 1))
+        new = slice(past_len, past_len + count)
+        rows = [tuple((runner.cache[layer, kind, 0, :, new].astype(np.float32) if scales is None else
+                       dequantize_rows(runner.cache[layer, kind, 0, :, new], scales[layer, kind, 0, :, new])
+                       ).transpose(1, 0, 2) for kind in (0, 1))
                 for layer in range(self.spec.num_layers)]
         return logits, rows
 

@@ -1,7 +1,8 @@
 """One fused-form model with folded attention (export/folded_attention.py): session, cache, IO binding.
 
-The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, slots, head_dim]`` (float32 or float16, the
-bundle's ``kv_dtype``) with ``slots`` = max_context rounded up to ``CHUNK``. The graph's per-head inputs
+The cache is one array ``[layers, 2 (key, value), batch=1, kv_heads, slots, head_dim]`` (float32, float16 or int8,
+the bundle's ``kv_dtype``) with ``slots`` = max_context rounded up to ``CHUNK``; an int8 cache has a second,
+``scales`` ``[..., slots, 1]`` float32, bound the same way (``past.{l}.key_scale.{h}``; runners/kv_int8.py). The graph's per-head inputs
 ``past.{l}.key.{h}`` and outputs ``present.{l}.key.{h}`` are both bound to the view ``cache[l, 0, 0, h, :rows]``:
 the graph scatters the T new rows into slots [length, length + T) in place and attends over the view. ``rows``
 is the pass's total rounded up to ``CHUNK`` (the bias blocks the columns past the total), so the views are rebound
@@ -16,12 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.contract.manifest import LOGIT_ROWS, PAST_LENGTH, BundleError, ModelSpec
+from specdec.runners import kv_int8
 from specdec.runners.fused import _BLOCKED, FusedRunner, check_fused_provider
 from specdec.runners.kv_store import cache_zeros
 from specdec.runners.standard import _bind, attach_session
 
 CHUNK = 256  # cache rows bound per step of the views: at most CHUNK - 1 blocked columns per pass
-_KV_DTYPES = {"float32": np.float32, "float16": np.float16}
+_KV_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 
 
 def cache_slots(max_context: int) -> int:
@@ -35,7 +37,7 @@ class FoldedRunner(FusedRunner):
             raise BundleError(f"{spec.role}: FoldedRunner needs a fused graph with folded attention")
         check_fused_provider(spec, provider)
         if spec.kv_dtype not in _KV_DTYPES:
-            raise BundleError(f"{spec.role}: the folded attention's cache is float32 or float16, not {spec.kv_dtype}")
+            raise BundleError(f"{spec.role}: the folded attention's cache is float32, float16 or int8, not {spec.kv_dtype}")
         if max_context > spec.max_positions:
             raise ValueError(f"max_context {max_context} exceeds the model's {spec.max_positions} positions")
         self._init_book(spec, max_context, max_step_tokens, kept_ids)
@@ -43,7 +45,9 @@ class FoldedRunner(FusedRunner):
         self.slots = cache_slots(max_context)
         self.cache = cache_zeros((spec.num_layers, 2, 1, spec.num_kv_heads, self.slots, spec.head_dim),
                                  _KV_DTYPES[spec.kv_dtype])
-        self._slot_bytes = self.cache.nbytes // self.slots
+        # an int8 cache's scales: [layers, 2, 1, kv_heads, slots, 1] float32 (runners/kv_int8.py)
+        self.scales = cache_zeros(self.cache.shape[:-1] + (1,), np.float32) if spec.kv_dtype == "int8" else None
+        self._slot_bytes = sum(array.nbytes for array in self._host_kv()) // self.slots
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
         self._bias = np.zeros(max_step_tokens * self.slots, dtype=np.float32)
@@ -68,7 +72,44 @@ class FoldedRunner(FusedRunner):
                     pointer = self.cache[layer, kind, 0, head].ctypes.data
                     binding.bind_input(past, "cpu", 0, dtype, [rows, spec.head_dim], pointer)
                     binding.bind_output(present, "cpu", 0, dtype, [rows, spec.head_dim], pointer)
+            for head, (past_key, past_value, new_key, new_value) in enumerate(spec.kv_scale_tensors(layer)):
+                for kind, past, present in ((0, past_key, new_key), (1, past_value, new_value)):
+                    pointer = self.scales[layer, kind, 0, head].ctypes.data
+                    binding.bind_input(past, "cpu", 0, np.float32, [rows, 1], pointer)
+                    binding.bind_output(present, "cpu", 0, np.float32, [rows, 1], pointer)
         self._bound_views = rows
+
+    def _host_kv(self) -> tuple:
+        return (self.cache,) if self.scales is None else (self.cache, self.scales)
+
+    def kv_layout(self, count: int) -> tuple:
+        if self.scales is None:
+            return super().kv_layout(count)
+        layers, _, _, kv_heads, _, dim = self.cache.shape
+        return (layers, 2, 1, kv_heads, count, dim + kv_int8.SCALE_BYTES), np.dtype(np.int8)
+
+    def random_kv(self, count: int) -> np.ndarray:
+        if self.scales is None:
+            return super().random_kv(count)
+        shape = self.cache.shape[:4] + (count, self.cache.shape[-1])
+        return kv_int8.pack_rows(*kv_int8.quantize_rows(np.random.default_rng(0).standard_normal(shape, np.float32) * 0.5))
+
+    def _move_kv(self, sources, first_slot: int) -> None:
+        super()._move_kv(sources, first_slot)
+        if self.scales is not None:
+            self.scales[:, :, :, :, first_slot : first_slot + len(sources)] = self.scales[:, :, :, :, sources]
+
+    def _kv_rows(self, count: int) -> np.ndarray:
+        if self.scales is None:
+            return super()._kv_rows(count)
+        return kv_int8.pack_rows(self.cache[:, :, :, :, :count], self.scales[:, :, :, :, :count])
+
+    def _set_kv_rows(self, rows: np.ndarray, count: int) -> None:
+        if self.scales is None:
+            return super()._set_kv_rows(rows, count)
+        steps, scales = kv_int8.unpack_rows(rows[:, :, :, :, :count])
+        self.cache[:, :, :, :, :count] = steps
+        self.scales[:, :, :, :, :count] = scales
 
     def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
         self._execute(ids, positions, mask, sliding, past, 0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specdec.contract.manifest import Manifest
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 
 
 class MemoryBudgetError(ValueError):
@@ -36,7 +36,9 @@ CONTEXT_STEP = 256  # a default context is a multiple of this
 
 
 def kv_bytes_per_token(manifest: Manifest) -> int:
-    return sum(2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * _ITEMSIZE[spec.kv_dtype]
+    """Keys and values of one token in both models' caches (an int8 row adds its float32 scale)."""
+    return sum(2 * spec.num_layers * spec.num_kv_heads * (spec.head_dim * _ITEMSIZE[spec.kv_dtype] +
+                                                          (4 if spec.kv_dtype == "int8" else 0))
                for spec in manifest.models().values())
 
 

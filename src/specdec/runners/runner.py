@@ -161,9 +161,18 @@ class Runner:
         (the load's row checks, the calibration's random rows), which would otherwise stay resident until a
         request long enough overwrites them (4,096 rows: 112 MiB of the 1.5B target's fp16 cache)."""
         self.reset()
+        for array in self._host_kv():
+            release_pages(array)
+
+    def _host_kv(self) -> tuple:
+        """The host arrays that hold this runner's keys/values (none: a device cache or no cache)."""
         cache = getattr(self, "cache", None)
-        if cache is not None:
-            release_pages(cache)
+        return () if cache is None else (cache,)
+
+    def random_kv(self, count: int) -> np.ndarray:
+        """``count`` slots of random keys/values (standard normal / 2, seed 0) in ``snapshot``'s layout."""
+        shape, dtype = self.kv_layout(count)
+        return (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
 
     # one-token passes run as two rows (exact_rows): on CPUs whose one-row int4 kernel rounds unlike the
     # multi-row one, a verify pass's rows then equal target-only decoding's bit for bit
@@ -275,7 +284,6 @@ def _chain_visibility(count: int) -> np.ndarray:
 def fill_random(runner, context: int) -> None:
     """Reset the runner and give it ``context`` committed slots of random keys/values (token 0): what a pass at that
     depth reads, without the minutes a prefill of it takes."""
-    shape, dtype = runner.kv_layout(context)
-    rows = (np.random.default_rng(0).standard_normal(shape, dtype=np.float32) * 0.5).astype(dtype)
+    rows = runner.random_kv(context)
     runner.reset()
     runner.restore(KVSnapshot(np.zeros(context, dtype=np.int64), rows), context)

@@ -1,0 +1,182 @@
+"""The int8 KV cache (``--kv-dtype int8``, llama.cpp's ``q8_0`` KV with a scale per row of head_dim values).
+
+The rows are stored as the graph writes them (export/folded_attention._int8_rows); runners/kv_int8.py is that rule
+in numpy, and the snapshot layout the RAM cache and slot files keep. What must hold, each shown to fail on a
+planted bug: the graph quantizes exactly as the numpy rule does; verify rows equal one-token passes bit for bit,
+so greedy speculation in every mode is target-only decoding at int8 KV and seeded sampling is target-only's
+seeded sample; a snapshot restores the cache exactly (a warm prompt gives the cold prompt's tokens)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specdec.contract.manifest import BundleError, Manifest
+from specdec.runners import kv_int8
+
+
+def test_rows_round_trip_within_half_a_step_and_zero_rows_stay_zero():
+    rows = np.random.default_rng(0).standard_normal((3, 5, 16), dtype=np.float32) * 4
+    rows[1, 2] = 0.0
+    steps, scales = kv_int8.quantize_rows(rows)
+    assert steps.dtype == np.int8 and scales.shape == (3, 5, 1) and scales.dtype == np.float32
+    assert np.abs(steps).max() == 127
+    error = np.abs(kv_int8.dequantize_rows(steps, scales) - rows)
+    assert (error <= scales / 2 * (1 + 1e-6)).all()
+    assert not steps[1, 2].any() and np.isfinite(scales).all()
+
+
+def test_a_snapshot_packs_each_rows_scale_after_its_steps_and_unpacks_exactly():
+    steps, scales = kv_int8.quantize_rows(np.random.default_rng(1).standard_normal((2, 4, 7, 8), dtype=np.float32))
+    packed = kv_int8.pack_rows(steps, scales)
+    assert packed.dtype == np.int8 and packed.shape == (2, 4, 7, 8 + kv_int8.SCALE_BYTES)
+    again_steps, again_scales = kv_int8.unpack_rows(packed)
+    assert np.array_equal(again_steps, steps) and np.array_equal(again_scales, scales)
+
+
+def test_the_memory_budget_counts_an_int8_rows_scale():
+    from specdec.runners.memory import kv_bytes_per_token
+
+    spec = lambda dtype: type("S", (), dict(num_layers=2, num_kv_heads=3, head_dim=64, kv_dtype=dtype))  # noqa: E731
+    manifest = lambda dtype: type("M", (), dict(models=lambda self: {"target": spec(dtype)}))()  # noqa: E731
+    assert kv_bytes_per_token(manifest("int8")) == 2 * 2 * 3 * (64 + 4)
+    assert kv_bytes_per_token(manifest("float16")) == 2 * 2 * 3 * 64 * 2
+
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def int8_bundle(tiny_pair_dirs, tmp_path_factory):
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    target, draft = tiny_pair_dirs
+    out = tmp_path_factory.mktemp("kv_int8") / "bundle"
+    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, kv_dtype="int8"),
+                  progress=lambda message: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def float_bundle(tiny_pair_dirs, tmp_path_factory):
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    target, _ = tiny_pair_dirs
+    out = tmp_path_factory.mktemp("kv_float") / "bundle"
+    export_bundle(ExportOptions(target=str(target), draft=None, out=out, kv_dtype="float32", parity=False),
+                  progress=lambda message: None)
+    return out
+
+
+def _runner(bundle, role="target", max_context=256):
+    from specdec.runners.fused import make_runner
+
+    spec = getattr(Manifest.read(bundle), role)
+    return make_runner(str(bundle / spec.onnx_file), spec, "cpu", max_context, 64)
+
+
+@pytest.mark.integration
+def test_the_manifest_the_cache_and_export_parity_say_int8(int8_bundle, float_bundle):
+    """Both models' caches are int8 with a float32 scale per row: (head_dim + 4) / (4 head_dim) of float32's bytes;
+    verify rows equal one-token passes bit for bit (parity ``rows_vs_decode``)."""
+    manifest = Manifest.read(int8_bundle)
+    assert manifest.target.kv_dtype == manifest.draft.kv_dtype == "int8"
+    assert {t.name for t in manifest.target.inputs} >= {"past.0.key_scale.0", "past.1.value_scale.1"}
+    runner, single = _runner(int8_bundle), _runner(float_bundle)
+    assert runner.cache.dtype == np.int8 and runner.scales.dtype == np.float32
+    dim = manifest.target.head_dim
+    assert runner.cache.nbytes + runner.scales.nbytes == single.cache.nbytes * (dim + 4) // (4 * dim)
+    for role in ("target", "draft"):
+        report = manifest.extra["parity_max_abs_error"][role]["float"]
+        assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}, report
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("divisor", [127.0, 126.0], ids=["rule", "planted: another scale"])
+def test_the_graph_writes_rows_by_the_numpy_rule(int8_bundle, float_bundle, divisor):
+    """A prefill from an empty cache: layer 0's keys and values are the same float rows in the float32 bundle, so
+    the int8 bundle's steps and scales must be exactly ``quantize_rows`` of them (a scale of max/126: differs)."""
+    ids = np.random.default_rng(4).integers(3, 120, 40)
+    quantized, single = _runner(int8_bundle), _runner(float_bundle)
+    for runner in (quantized, single):
+        runner.forward(ids, range(40))
+    rows = single.cache[0, :, 0, :, :40].astype(np.float32)  # [2, kv_heads, 40, D]
+    scales = np.maximum(np.abs(rows).max(-1, keepdims=True) / np.float32(divisor), kv_int8.SMALLEST_SCALE)
+    steps = np.clip(np.round(rows / scales), -127, 127).astype(np.int8)
+    same = np.array_equal(quantized.cache[0, :, 0, :, :40], steps) and \
+        np.array_equal(quantized.scales[0, :, 0, :, :40], scales)
+    assert same == (divisor == 127.0)
+    if divisor == 127.0:  # the rule written out above is runners/kv_int8's
+        assert all(np.array_equal(a, b) for a, b in zip(kv_int8.quantize_rows(rows), (steps, scales)))
+
+
+MODES = [dict(num_draft_tokens=3, proposer="draft"), dict(tree="2,2,1", proposer="draft"),
+         dict(num_draft_tokens="auto"), dict(num_draft_tokens=2, proposer="suffix")]
+
+
+@pytest.mark.integration
+def test_greedy_and_seeded_sampling_in_every_mode_are_target_only_at_int8(int8_bundle):
+    from specdec import SamplingConfig, SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.load(int8_bundle)
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
+    baseline = decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0).token_ids
+    config = SamplingConfig(temperature=0.9, top_k=8)
+    sampled = {seed: decoder.generate(prompt, max_new_tokens=24, sampling=config, num_draft_tokens=0,
+                                      seed=seed).token_ids for seed in (0, 1)}
+    for mode in MODES:
+        assert decoder.generate(prompt, max_new_tokens=40, **mode).token_ids == baseline, mode
+        for seed, expected in sampled.items():
+            out = decoder.generate(prompt, max_new_tokens=24, sampling=config, seed=seed, acceptance="coupled", **mode)
+            assert out.token_ids == expected, (mode, seed)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("planted", [False, True], ids=["exact", "planted: scales not restored"])
+def test_a_snapshot_restores_rows_and_scales(int8_bundle, monkeypatch, planted):
+    """Snapshot after a prefill, restore into a fresh runner: the next pass's logits are the original runner's bit for
+    bit. Planted: a restore that leaves the scales as they were (zeros) must change them."""
+    from specdec.runners.folded import FoldedRunner
+
+    ids = np.random.default_rng(5).integers(3, 120, 50)
+    source = _runner(int8_bundle)
+    source.forward(ids, range(50))
+    source.commit(50)
+    snapshot = source.snapshot()
+    assert snapshot.rows.dtype == np.int8 and snapshot.rows.shape[-1] == source.cache.shape[-1] + 4
+    assert snapshot.nbytes == source.snapshot_bytes(50)
+    if planted:
+        monkeypatch.setattr(FoldedRunner, "_set_kv_rows", lambda self, rows, count: self.cache.__setitem__(
+            (slice(None),) * 4 + (slice(0, count),), kv_int8.unpack_rows(rows[:, :, :, :, :count])[0]))
+    restored = _runner(int8_bundle)
+    restored.restore(snapshot, 50)
+    expected = source.forward([7], [50]).copy()
+    assert np.array_equal(restored.forward([7], [50]), expected) != planted
+
+
+@pytest.mark.integration
+def test_random_rows_and_release_cover_the_scales(int8_bundle):
+    """``fill_random`` (calibration and row checks at depth) writes valid int8 rows; ``release_cache`` empties the
+    scales with the rows."""
+    from specdec.runners.runner import fill_random
+
+    runner = _runner(int8_bundle)
+    fill_random(runner, 200)
+    assert np.isfinite(runner.forward([5, 6], [200, 201])).all()
+    assert runner.scales[:, :, :, :, :200].min() > 0
+    runner.release_cache()
+    assert not runner.scales.any() and not runner.cache.any()
+
+
+@pytest.mark.integration
+def test_an_int8_manifest_without_its_scales_or_on_gqa_is_refused(int8_bundle):
+    data = json.loads((int8_bundle / "manifest.json").read_text())
+    data["target"]["inputs"] = [t for t in data["target"]["inputs"] if t["name"] != "past.1.value_scale.0"]
+    with pytest.raises(BundleError, match="kv_dtype int8 needs a float32 \\[cache_rows, 1\\] tensor 'past.1.value_scale.0'"):
+        Manifest.from_json(json.dumps(data))
+    data = json.loads((int8_bundle / "manifest.json").read_text())
+    data["draft"]["attention"] = "gqa"
+    with pytest.raises(BundleError, match="attention"):
+        Manifest.from_json(json.dumps(data))

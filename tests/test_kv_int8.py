@@ -180,3 +180,48 @@ def test_an_int8_manifest_without_its_scales_or_on_gqa_is_refused(int8_bundle):
     data["draft"]["attention"] = "gqa"
     with pytest.raises(BundleError, match="attention"):
         Manifest.from_json(json.dumps(data))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("planted", [False, True], ids=["scaled", "planted: scales ignored"])
+def test_int8_attention_reads_the_rows_it_stored(int8_bundle, float_bundle, planted):
+    """The int8 bundle's next passes (one token: the main graph; 40 tokens: the chunked Scan) against the float32
+    bundle given the same rows dequantized: the same weights read the same keys and values, so the logits differ by
+    the rounding of the new rows only. Planted: every stored scale set to 1 (the scales not applied) is far off."""
+    ids = np.random.default_rng(6).integers(3, 120, 300)
+    quantized, single = _runner(int8_bundle, max_context=512), _runner(float_bundle, max_context=512)
+    for start in range(0, 300, 60):
+        quantized.forward(ids[start : start + 60], range(start, start + 60))
+        quantized.commit(60)
+    single.cache[:, :, :, :, :300] = kv_int8.dequantize_rows(quantized.cache[:, :, :, :, :300],
+                                                             quantized.scales[:, :, :, :, :300])
+    single.slot_positions[:300] = np.arange(300)
+    single.length = 300
+    if planted:
+        quantized.scales[:, :, :, :, :300] = 1.0
+    for count in (1, 40):
+        new = np.random.default_rng(count).integers(3, 120, count)
+        got = quantized.forward(new, range(300, 300 + count)).copy()
+        want = single.forward(new, range(300, 300 + count)).copy()
+        error = np.abs(got - want).max() / np.abs(want).max()
+        assert (error < 0.05) != planted, (count, error)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("planted", [False, True], ids=["moved", "planted: scales left behind"])
+def test_a_kept_tree_path_moves_its_rows_scales(int8_bundle, monkeypatch, planted):
+    """``keep_path`` (a tree's accepted path compacted) moves each row's scale with its steps. Planted: the float
+    cache's move (steps only)."""
+    from specdec.runners.fused import FusedRunner
+
+    if planted:
+        from specdec.runners.folded import FoldedRunner
+
+        monkeypatch.setattr(FoldedRunner, "_move_kv", FusedRunner._move_kv)
+    runner = _runner(int8_bundle)
+    runner.forward(np.random.default_rng(7).integers(3, 120, 30), range(30))
+    sources = np.array([21, 25, 29])
+    rows, scales = runner.cache[:, :, :, :, sources].copy(), runner.scales[:, :, :, :, sources].copy()
+    runner.keep_path(sources, 20)
+    assert np.array_equal(runner.cache[:, :, :, :, 20:23], rows)
+    assert np.array_equal(runner.scales[:, :, :, :, 20:23], scales) != planted

@@ -80,6 +80,8 @@ def op_profile(onnx_path: Path, filled, threads, count: int, repeats: int, rng) 
         session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         runner = type(filled)("", filled.spec, "cpu", filled.max_context, filled.max_step_tokens, session=session)
         runner.cache[...] = filled.cache
+        if getattr(filled, "scales", None) is not None:  # an int8 cache's scales (runners/kv_int8.py)
+            runner.scales[...] = filled.scales
         runner.slot_positions[:] = filled.slot_positions
         runner.length = filled.length
         tokens = rng.integers(3, filled.spec.vocab_size, size=count)

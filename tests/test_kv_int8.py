@@ -70,6 +70,14 @@ def float_bundle(tiny_pair_dirs, tmp_path_factory):
     return out
 
 
+def _smoothing(bundle, role="target"):
+    """[layers, kv_heads, D] key factors of the bundle's int8 graph."""
+    from specdec.export.kv_smoothing import read_key_smoothing
+
+    spec = getattr(Manifest.read(bundle), role)
+    return read_key_smoothing(bundle / spec.onnx_file, spec.num_layers, spec.num_kv_heads)
+
+
 def _runner(bundle, role="target", max_context=256):
     from specdec.runners.fused import make_runner
 
@@ -103,6 +111,7 @@ def test_the_graph_writes_rows_by_the_numpy_rule(int8_bundle, float_bundle, divi
     for runner in (quantized, single):
         runner.forward(ids, range(40))
     rows = single.cache[0, :, 0, :, :40].astype(np.float32)  # [2, kv_heads, 40, D]
+    rows[0] /= _smoothing(int8_bundle)[0][:, None]  # the keys are stored smoothed (export/kv_smoothing.py)
     scales = np.maximum(np.abs(rows).max(-1, keepdims=True) / np.float32(divisor), kv_int8.SMALLEST_SCALE)
     steps = np.clip(np.round(rows / scales), -127, 127).astype(np.int8)
     same = np.array_equal(quantized.cache[0, :, 0, :, :40], steps) and \
@@ -183,28 +192,32 @@ def test_an_int8_manifest_without_its_scales_or_on_gqa_is_refused(int8_bundle):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("planted", [False, True], ids=["scaled", "planted: scales ignored"])
+@pytest.mark.parametrize("planted", [None, "scales", "smoothing"],
+                         ids=["scaled", "planted: scales ignored", "planted: keys read unsmoothed"])
 def test_int8_attention_reads_the_rows_it_stored(int8_bundle, float_bundle, planted):
     """The int8 bundle's next passes (one token: the main graph; 40 tokens: the chunked Scan) against the float32
-    bundle given the same rows dequantized: the same weights read the same keys and values, so the logits differ by
-    the rounding of the new rows only. Planted: every stored scale set to 1 (the scales not applied) is far off."""
+    bundle given the same rows dequantized (keys times their smoothing factors): the same weights read the same
+    keys and values, so the logits differ by the rounding of the new rows only. Planted: every stored scale set to 1
+    (the scales not applied), or the smoothed keys handed over as they are stored: far off."""
     ids = np.random.default_rng(6).integers(3, 120, 300)
     quantized, single = _runner(int8_bundle, max_context=512), _runner(float_bundle, max_context=512)
     for start in range(0, 300, 60):
         quantized.forward(ids[start : start + 60], range(start, start + 60))
         quantized.commit(60)
-    single.cache[:, :, :, :, :300] = kv_int8.dequantize_rows(quantized.cache[:, :, :, :, :300],
-                                                             quantized.scales[:, :, :, :, :300])
+    rows = kv_int8.dequantize_rows(quantized.cache[:, :, :, :, :300], quantized.scales[:, :, :, :, :300])
+    if planted != "smoothing":
+        rows[:, 0] *= _smoothing(int8_bundle)[:, None, :, None, :]  # [layers, 1, kv_heads, 1, D]
+    single.cache[:, :, :, :, :300] = rows
     single.slot_positions[:300] = np.arange(300)
     single.length = 300
-    if planted:
+    if planted == "scales":
         quantized.scales[:, :, :, :, :300] = 1.0
     for count in (1, 40):
         new = np.random.default_rng(count).integers(3, 120, count)
         got = quantized.forward(new, range(300, 300 + count)).copy()
         want = single.forward(new, range(300, 300 + count)).copy()
         error = np.abs(got - want).max() / np.abs(want).max()
-        assert (error < 0.05) != planted, (count, error)
+        assert (error < 0.05) == (planted is None), (count, error)
 
 
 @pytest.mark.integration
@@ -225,3 +238,29 @@ def test_a_kept_tree_path_moves_its_rows_scales(int8_bundle, monkeypatch, plante
     runner.keep_path(sources, 20)
     assert np.array_equal(runner.cache[:, :, :, :, 20:23], rows)
     assert np.array_equal(runner.scales[:, :, :, :, 20:23], scales) != planted
+
+
+def test_smoothed_keys_keep_the_small_channels_that_a_row_scale_rounds_away():
+    """Keys with two channels 40x the rest (Qwen2's k_proj biases): quantized per row as they are, q . k loses the
+    small channels; divided by ``key_factors`` first (and q multiplied by them), the scores stay close. Planted:
+    factors of 1 (no smoothing) keep the error."""
+    from specdec.export.kv_smoothing import key_factors
+
+    rng = np.random.default_rng(8)
+    keys = rng.standard_normal((400, 2, 64), dtype=np.float32)
+    keys[:, :, [3, 40]] = 40 + rng.standard_normal((400, 2, 2), dtype=np.float32)
+    queries = rng.standard_normal((2, 64), dtype=np.float32)
+    exact = np.einsum("shd,hd->sh", keys, queries)
+    calibration, later = keys[:200], keys[200:]
+
+    def score_error(factors):
+        steps, scales = kv_int8.quantize_rows(later / factors)
+        read = kv_int8.dequantize_rows(steps, scales)
+        return np.abs(np.einsum("shd,hd->sh", read, queries * factors) - exact[200:]).mean()
+
+    factors = key_factors(calibration)
+    assert factors.shape == (2, 64) and factors.dtype == np.float32 and (factors > 0).all()
+    peak = np.abs(calibration[:, :, 3]).max(0)
+    assert (factors[:, 3] >= peak).all() and (factors[:, 3] < 2 * peak).all()
+    assert np.array_equal(np.exp2(np.round(np.log2(factors))), factors)  # powers of two: exact to divide by
+    assert score_error(factors) < score_error(np.ones_like(factors)) / 4

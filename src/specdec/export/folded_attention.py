@@ -129,9 +129,11 @@ def folded_bias(w: GraphWriter, flat: str, plan: RowPlan, name: str) -> tuple[st
 
 
 def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: dict, bias: tuple[str, str],
-                 kv_dtype: str) -> str:
+                 kv_dtype: str, key_smoothing: np.ndarray | None = None) -> str:
     """Layer ``index``'s attention rows [1, T, H * D] from q [1, T, H * D], k / v [1, T, KVH * D] (before the
-    rotary embedding); writes the new rows into each KV head's cache view."""
+    rotary embedding); writes the new rows into each KV head's cache view. ``key_smoothing``: [KVH, D] factors
+    (an int8 cache's, ``kv_smoothing.py``): each KV head's rotated keys are stored divided by them and its queries
+    multiplied by them."""
     prefix = f"layers.{index}/attention"
     group, heads, kv_heads, dim = g.heads // g.kv_heads, g.heads, g.kv_heads, g.head_dim
     copies = fold_copies(g)
@@ -156,6 +158,16 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
     queries = _split_heads(w, folded, kv_heads, f"{prefix}/q")
     names = fused_kv_names(g.layers)[index]
     outputs = []
+    if key_smoothing is not None:
+        from specdec.export.kv_smoothing import smoothing_name
+
+        for head in range(kv_heads):
+            factors = np.asarray(key_smoothing[head], dtype=np.float32)
+            queries[head] = w.one("Mul", [queries[head], w.initializer(smoothing_name(index, head), factors)],
+                                  name=f"{prefix}/q{head}_smoothed")
+            per_head["k"][head] = w.one("Mul", [per_head["k"][head], w.initializer(
+                f"{smoothing_name(index, head)}_inverse", (np.float32(1) / factors).astype(np.float32))],
+                name=f"{prefix}/k{head}_smoothed")
     for head in range(kv_heads):
         cached, scales = {}, {}
         for kind, past, present in (("k", names.past_key, names.new_key), ("v", names.past_value, names.new_value)):

@@ -43,6 +43,11 @@ class OnnxRunner:
 
         self.spec = spec
         self.session = ort.InferenceSession(str(onnx_path), session_options(), providers=["CPUExecutionProvider"])
+        self.key_smoothing = None  # an int8 cache's [layers, KVH, D] key factors: its stored keys are k / factors
+        if spec.kv_dtype == "int8":
+            from specdec.export.kv_smoothing import read_key_smoothing
+
+            self.key_smoothing = read_key_smoothing(onnx_path, spec.num_layers, spec.num_kv_heads)
 
     def run(self, tokens, positions, past, parents=None, past_positions=None):
         """past: list of (keys [P, KVH, D], values [P, KVH, D]) per layer. Returns logits [T, V], new rows."""
@@ -76,9 +81,12 @@ class OnnxRunner:
         past_len, count = past[0][0].shape[0], len(tokens)
         runner = make_runner("", self.spec, "cpu", past_len + count, count, session=self.session)
         scales = getattr(runner, "scales", None)  # an int8 cache's (runners/kv_int8.py)
+        smoothing = self.key_smoothing
         for layer, (keys, values) in enumerate(past):
             for kind, rows in ((0, keys), (1, values)):
-                rows = rows.transpose(1, 0, 2)
+                rows = rows.transpose(1, 0, 2)  # [KVH, P, D]
+                if kind == 0 and smoothing is not None:
+                    rows = rows / smoothing[layer][:, None]
                 if scales is not None:
                     rows, scales[layer, kind, 0, :, :past_len] = quantize_rows(rows)
                 runner.cache[layer, kind, 0, :, :past_len] = rows
@@ -86,10 +94,14 @@ class OnnxRunner:
         runner.length = past_len
         logits = runner.forward(tokens, positions, parents).copy()
         new = slice(past_len, past_len + count)
-        rows = [tuple((runner.cache[layer, kind, 0, :, new].astype(np.float32) if scales is None else
-                       dequantize_rows(runner.cache[layer, kind, 0, :, new], scales[layer, kind, 0, :, new])
-                       ).transpose(1, 0, 2) for kind in (0, 1))
-                for layer in range(self.spec.num_layers)]
+        def read(layer: int, kind: int) -> np.ndarray:  # [T, KVH, D] float32, as the source model's rows
+            rows = (runner.cache[layer, kind, 0, :, new].astype(np.float32) if scales is None else
+                    dequantize_rows(runner.cache[layer, kind, 0, :, new], scales[layer, kind, 0, :, new]))
+            if kind == 0 and smoothing is not None:
+                rows = rows * smoothing[layer][:, None]
+            return rows.transpose(1, 0, 2)
+
+        rows = [(read(layer, 0), read(layer, 1)) for layer in range(self.spec.num_layers)]
         return logits, rows
 
 

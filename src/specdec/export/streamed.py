@@ -120,6 +120,7 @@ class FusedGraphBuilder:
         self.attention, self.kv_dtype = attention, kv_dtype
         self.level = quantizer.plan.accuracy_level if quantizer is not None else None
         self.block_sums: dict = {}  # activation -> its block-sum augmented form (carried grids' corrections)
+        self.key_smoothing: dict = {}  # layer -> [kv_heads, D] factors of an int8 cache's keys (kv_smoothing.py)
 
     def linear(self, x: str, tensors: list, names: list, role: str, out: str, k: int, layer: int = -1,
                bias: np.ndarray | None = None) -> str:
@@ -204,7 +205,8 @@ class FusedGraphBuilder:
     def _folded(self, index: int, qkv: str, t: dict, shared: dict) -> str:
         q, k, v = self._split_qkv(index, qkv, t)
         bias = shared["sliding_bias"] if self.g.layer_types[index] == SLIDING else shared["bias"]
-        return folded_layer(self.w, self.g, index, q, k, v, shared, bias, self.kv_dtype)
+        return folded_layer(self.w, self.g, index, q, k, v, shared, bias, self.kv_dtype,
+                            self.key_smoothing.get(index))
 
     def _gqa(self, index: int, qkv: str, t: dict, shared: dict) -> str:
         """GroupQueryAttention over the layer's buffer, T + the scratch row: the attention rows [B,T,H*D]."""
@@ -282,10 +284,16 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
         from specdec.export.stream_reference import StreamedReference
 
         reference = StreamedReference(config, parity_sequences(*parity_ids))
+    calibration = None
+    if kv_dtype == "int8":  # the keys' smoothing factors, from the source's own layers (kv_smoothing.py)
+        from specdec.export.kv_smoothing import CALIBRATION_TEXT
+        from specdec.export.stream_reference import StreamedReference
+
+        calibration = StreamedReference(config, [tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]])
     started = time.monotonic()
     try:
         _build(FusedGraphBuilder(writer, g, quantizer, attention, kv_dtype), weights, g, config, reference, progress,
-               role, "lm_head.weight" if tie_embeddings else "model.embed_tokens.weight")
+               role, "lm_head.weight" if tie_embeddings else "model.embed_tokens.weight", calibration)
         inputs, outputs = fused_graph_io(g.layers, g.kv_heads, g.head_dim, g.vocab, kv_dtype,
                                          g.sliding_window is not None, attention)
         writer.finish(inputs, outputs)
@@ -314,8 +322,9 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
 
 
 def _build(builder: FusedGraphBuilder, weights, g: Geometry, config, reference, progress, role: str,
-           table_name: str) -> None:
-    """``table_name``: the embedding table (the lm_head's, when ``tie_embeddings`` ties them)."""
+           table_name: str, calibration=None) -> None:
+    """``table_name``: the embedding table (the lm_head's, when ``tie_embeddings`` ties them); ``calibration``: a
+    ``StreamedReference`` over the calibration text whose keys set each layer's key smoothing (an int8 cache)."""
     w, quantizer = builder.w, builder.quantizer
     present = weights.names()
     if table_name not in present:
@@ -324,8 +333,9 @@ def _build(builder: FusedGraphBuilder, weights, g: Geometry, config, reference, 
     shared = builder.shared_inputs(cos, sin)
     del cos, sin
     table = weights.get(table_name)[: g.vocab]
-    if reference is not None:
-        reference.embed(table)
+    for tracked in (reference, calibration):
+        if tracked is not None:
+            tracked.embed(table)
     head_name = "lm_head.weight" if "lm_head.weight" in present and not g.tied else table_name
     head = None  # the lm_head's written parts, when written early to share its table with the embedding
     if quantizer is None or quantizer.plan.quant != "int4":  # the embedding stays float but with int4 (a Gather reads
@@ -351,12 +361,19 @@ def _build(builder: FusedGraphBuilder, weights, g: Geometry, config, reference, 
         tensors = {role: weights.get(name) for role, name in layer_names(index).items() if name in present}
         following = (f"model.layers.{index + 1}.input_layernorm.weight" if index + 1 < g.layers
                      else "model.norm.weight")
+        prefix = f"model.layers.{index}."
+        window = g.sliding_window if g.layer_types[index] == SLIDING else None
+        by_name = {layer_names(index)[r][len(prefix):]: value for r, value in tensors.items()}
+        if calibration is not None:  # this layer's keys over the calibration text, before its graph is written
+            from specdec.export.kv_smoothing import key_factors
+
+            calibration.layer(index, by_name, window)
+            (ids,) = calibration.sequences
+            builder.key_smoothing[index] = key_factors(calibration.rows[ids][index][0])
+            calibration.rows[ids][index] = None  # only the factors are kept
         x, hidden = builder.layer(index, tensors, x, hidden, shared, weights.get(following))
         if reference is not None:
-            prefix = f"model.layers.{index}."
-            window = g.sliding_window if g.layer_types[index] == SLIDING else None
-            reference.layer(index, {layer_names(index)[r][len(prefix):]: value for r, value in tensors.items()},
-                            window)
+            reference.layer(index, by_name, window)
         del tensors
         gc.collect()
         progress(f"{role}: layer {index + 1}/{g.layers} ({time.monotonic() - begun:.1f}s)")

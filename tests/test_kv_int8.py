@@ -264,3 +264,32 @@ def test_smoothed_keys_keep_the_small_channels_that_a_row_scale_rounds_away():
     assert (factors[:, 3] >= peak).all() and (factors[:, 3] < 2 * peak).all()
     assert np.array_equal(np.exp2(np.round(np.log2(factors))), factors)  # powers of two: exact to divide by
     assert score_error(factors) < score_error(np.ones_like(factors)) / 4
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["pair peaks", "planted: channel peaks"])
+def test_smoothing_holds_where_the_rotary_embedding_has_turned_the_outliers(planted):
+    """Calibration sees a few hundred positions, where a slow rotary pair has barely turned: its outlier sits in
+    channel 3, channel 35 (its partner, D/2 on) stays small. At a far position the pair has turned by pi/2 and the
+    outlier is in channel 35. Factors from the pair's magnitude keep the score error of the calibration positions;
+    per-channel peaks (planted) give channel 35 a small factor and the rows' scales blow up."""
+    from specdec.export import kv_smoothing
+
+    rng = np.random.default_rng(9)
+    keys = rng.standard_normal((400, 2, 64), dtype=np.float32)
+    keys[:, :, 3] = 40 + rng.standard_normal((400, 2), dtype=np.float32)
+    queries = rng.standard_normal((2, 64), dtype=np.float32)
+    turned = keys[200:].copy()
+    turned[:, :, 3], turned[:, :, 35] = -keys[200:, :, 35], keys[200:, :, 3]  # the pair rotated by pi/2
+
+    def score_error(factors, rows):
+        steps, scales = kv_int8.quantize_rows(rows / factors)
+        read = kv_int8.dequantize_rows(steps, scales)
+        return np.abs(np.einsum("shd,hd->sh", read, queries * factors) - np.einsum("shd,hd->sh", rows, queries)).mean()
+
+    if planted:
+        peaks = np.abs(keys[:200]).max(0)
+        factors = np.exp2(np.ceil(np.log2(np.maximum(peaks, peaks.max(-1, keepdims=True) / 64))))
+    else:
+        factors = kv_smoothing.key_factors(keys[:200])
+    near, far = score_error(factors, keys[200:]), score_error(factors, turned)
+    assert (far < 1.5 * near) != planted, (near, far)

@@ -73,6 +73,8 @@ def main() -> int:
     args = parser.parse_args()
     manifest = open_bundle(args.bundle, verify=False)
     spec = manifest.models()[args.role]
+    if spec.kv_dtype not in ("float32", "float16"):
+        parser.error(f"the {args.role}'s cache is {spec.kv_dtype}: the emulation quantizes a float cache")
     tokenizer = Tokenizer.from_file(str(inside(args.bundle, manifest.tokenizer_file)))
     ids, add_bos = tokenize_like_llama(tokenizer, args.text.read_text(), spec.bos_token_id)
     runner = make_runner(str(inside(args.bundle, spec.onnx_file)), spec, "cpu", args.context, args.segment, args.threads)

@@ -2,12 +2,14 @@
 
 Qwen2-style keys carry a few channels tens of times larger than the rest (their k_proj biases), and a row's int8
 scale is set by its largest value, so the small channels kept a few steps each: on the real 1.5B target, perplexity
-+1.0% over a float16 cache. Attention reads keys only through q . k, so the graph stores each rotated key row
++1.6% over a float32 cache (c=512). Attention reads keys only through q . k, so the graph stores each rotated key row
 divided by a per-channel factor ``f`` and multiplies the queries by ``f``: ``(q * f) . (k / f) = q . k``. With ``f``
-the channel's largest magnitude over a calibration text (rounded up to a power of two: exact to divide and multiply
-by), every channel of a stored row spans about [-1, 1] and the row's scale serves them all (the scale-per-row layout, and the attention's scale-per-column trick, stay). Emulated on
-the real 1.5B target's float16 cache (3 chunks of 512, 16-token passes): keys and values per row +0.48%, in blocks of
-32 values (llama.cpp's ``q8_0``) +0.30%, smoothed keys +0.14%.
+the largest magnitude of the channel's rotary pair over a calibration text (the rotary embedding turns channels i
+and i + D/2 into each other with the position; the pair's magnitude stays), rounded up to a power of two (exact to
+divide and multiply by), every channel of a stored row spans about [-1, 1] at any position and the row's scale
+serves them all: the scale-per-row layout, and the attention's scale-per-column trick, stay. Emulated on the real
+1.5B target's float16 cache (3 chunks of 512, 16-token passes): keys and values per row +0.48%, in blocks of 32
+values (llama.cpp's ``q8_0``) +0.30%, keys smoothed by their channel peaks +0.14%.
 
 The factors come from the source model's own float layers run over ``CALIBRATION_TEXT`` as the export streams them
 (``stream_reference.StreamedReference``), and are written into the graph as initializers
@@ -70,10 +72,17 @@ def smoothing_name(layer: int, head: int) -> str:
 
 def key_factors(keys: np.ndarray) -> np.ndarray:
     """keys: [S, kv_heads, D] float32 rotated keys of one layer over the calibration text -> [kv_heads, D] float32
-    factors: each channel's largest magnitude (at least ``SMALLEST_SHARE`` of its head's largest, and > 0) rounded
-    up to a power of two, so that dividing and multiplying by a factor are exact in float32 (a row read back and
-    stored again is the same row, and the scores q . k are the float cache's to the bit before rounding)."""
-    peaks = np.abs(np.asarray(keys, dtype=np.float32)).max(axis=0)  # [kv_heads, D]
+    factors: the largest magnitude of each channel's rotary pair (at least ``SMALLEST_SHARE`` of its head's largest,
+    and > 0) rounded up to a power of two, so that dividing and multiplying by a factor are exact in float32 (a row
+    read back and stored again is the same row, and the scores q . k are the float cache's to the bit before
+    rounding)."""
+    keys = np.asarray(keys, dtype=np.float32)
+    half = keys.shape[-1] // 2
+    # the rotary embedding (non-interleaved, as the graph's) turns channel i and i + D/2 into each other with the
+    # position, so both get the peak of the pair's magnitude, which no rotation changes: factors taken at the
+    # calibration text's few hundred positions then hold at any position
+    pairs = np.sqrt(keys[..., :half] ** 2 + keys[..., half:] ** 2).max(axis=0)  # [kv_heads, D/2]
+    peaks = np.concatenate([pairs, pairs], axis=-1)  # [kv_heads, D]
     floor = np.maximum(peaks.max(axis=-1, keepdims=True) * np.float32(SMALLEST_SHARE), np.float32(2.0 ** -20))
     return np.exp2(np.ceil(np.log2(np.maximum(peaks, floor)))).astype(np.float32)
 

@@ -22,15 +22,16 @@ from tokenizers import Tokenizer
 
 from specdec.bench.perplexity import perplexity_of, tokenize_like_llama
 from specdec.contract.bundle import inside, open_bundle
+from specdec.runners import kv_int8
 from specdec.runners.fused import make_runner
 
 
 def read_back(rows: np.ndarray, block: int) -> np.ndarray:
-    """rows [..., D] float32 -> the same rows quantized to int8 (per row, or per ``block`` values) and read back."""
+    """rows [..., D] float32 -> the same rows quantized to int8 (per row, or per ``block`` values) and read back, by
+    the int8 cache's own rule (runners/kv_int8.py) applied to rows or to blocks."""
     shape = rows.shape
-    x = rows.reshape(shape[:-1] + (shape[-1] // block, block)) if block else rows
-    scale = np.maximum(np.abs(x).max(-1, keepdims=True) / 127, 1e-30)
-    return (np.clip(np.round(x / scale), -127, 127) * scale).reshape(shape)
+    values = rows.reshape(shape[:-1] + (shape[-1] // block, block)) if block else rows
+    return kv_int8.dequantize_rows(*kv_int8.quantize_rows(values)).reshape(shape)
 
 
 class QuantizedRows:

@@ -37,6 +37,7 @@ import numpy as np
 
 from specdec.contract.manifest import PAST_LENGTH, fused_kv_names
 from specdec.export.graph_writer import GraphWriter
+from specdec.export.kv_smoothing import smoothing_name
 
 _ONNX_FLOAT, _ONNX_FLOAT16, _ONNX_INT8 = 1, 10, 3
 _SMALLEST_SCALE = 1e-30  # an all-zero row's scale (its steps are 0 either way)
@@ -159,8 +160,6 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
     names = fused_kv_names(g.layers)[index]
     outputs = []
     if key_smoothing is not None:
-        from specdec.export.kv_smoothing import smoothing_name
-
         for head in range(kv_heads):
             factors = np.asarray(key_smoothing[head], dtype=np.float32)
             queries[head] = w.one("Mul", [queries[head], w.initializer(smoothing_name(index, head), factors)],

@@ -94,6 +94,7 @@ class OnnxRunner:
         runner.length = past_len
         logits = runner.forward(tokens, positions, parents).copy()
         new = slice(past_len, past_len + count)
+
         def read(layer: int, kind: int) -> np.ndarray:  # [T, KVH, D] float32, as the source model's rows
             rows = (runner.cache[layer, kind, 0, :, new].astype(np.float32) if scales is None else
                     dequantize_rows(runner.cache[layer, kind, 0, :, new], scales[layer, kind, 0, :, new]))

@@ -68,6 +68,12 @@ class StreamedReference:
                                        stored.values[0].transpose(0, 1).float().numpy().copy()))
         del layer
 
+    def take_rows(self, ids: tuple, index: int) -> tuple:
+        """Layer ``index``'s (keys [S, KVH, D], values [S, KVH, D]) over sequence ``ids``, handed over: the reference
+        keeps no copy (a calibration needs each layer's rows once; ``finish`` is then not for this sequence)."""
+        rows, self.rows[ids][index] = self.rows[ids][index], None
+        return rows
+
     def finish(self, norm_weight: np.ndarray, head: np.ndarray) -> None:
         """The final norm and ``head`` [V, H] (the lm_head rows the bundle keeps): ``results`` is then
         {token ids: (logits [S, V], KV rows per layer)}, as ``parity.reference_outputs`` returns."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from specdec.contract.manifest import KV_LAYOUTS, ModelSpec, fused_graph_io, fused_kv_names
 from specdec.export.folded_attention import folded_layer, folded_shared
+from specdec.export.kv_smoothing import CALIBRATION_TEXT, key_factors
 from specdec.export.gguf_blocks import Grid
 from specdec.export.graph_fused import SCRATCH_ROWS
 from specdec.export.graph_model import SLIDING, layer_types
@@ -286,7 +287,6 @@ def export_streamed(role: str, source, tokenizer, plan: WeightPlan, out_dir: Pat
         reference = StreamedReference(config, parity_sequences(*parity_ids))
     calibration = None
     if kv_dtype == "int8":  # the keys' smoothing factors, from the source's own layers (kv_smoothing.py)
-        from specdec.export.kv_smoothing import CALIBRATION_TEXT
         from specdec.export.stream_reference import StreamedReference
 
         calibration = StreamedReference(config, [tokenizer(CALIBRATION_TEXT, add_special_tokens=False)["input_ids"]])
@@ -365,12 +365,9 @@ def _build(builder: FusedGraphBuilder, weights, g: Geometry, config, reference, 
         window = g.sliding_window if g.layer_types[index] == SLIDING else None
         by_name = {layer_names(index)[r][len(prefix):]: value for r, value in tensors.items()}
         if calibration is not None:  # this layer's keys over the calibration text, before its graph is written
-            from specdec.export.kv_smoothing import key_factors
-
             calibration.layer(index, by_name, window)
             (ids,) = calibration.sequences
-            builder.key_smoothing[index] = key_factors(calibration.rows[ids][index][0])
-            calibration.rows[ids][index] = None  # only the factors are kept
+            builder.key_smoothing[index] = key_factors(calibration.take_rows(ids, index)[0])
         x, hidden = builder.layer(index, tensors, x, hidden, shared, weights.get(following))
         if reference is not None:
             reference.layer(index, by_name, window)

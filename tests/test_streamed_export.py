@@ -173,6 +173,70 @@ def test_a_planted_search_bug_is_caught_by_the_llama_cpp_reference(monkeypatch):
     assert (ours.q == reference.q).mean() < 0.995
 
 
+def _weighted_error(grid, weight):
+    """llama.cpp's importance-weighted squared error (rms of the block + |w|), summed."""
+    blocks = weight.reshape(-1, 32)
+    importance = np.sqrt(np.square(blocks).mean(-1, keepdims=True)) + np.abs(blocks)
+    return float((importance * np.square(grid.values().reshape(-1, 32) - blocks)).sum())
+
+
+def test_rows_that_are_not_whole_super_blocks_keep_the_search_with_float_scales():
+    """896-wide rows (the Qwen2.5 0.5B's projections) are no whole Q4_K super-blocks: ``k_grid`` gives them the same
+    scale/minimum search with the scales kept as floats, which fits them better than symmetric rounding (what they
+    got before) and at least as well as Q4_K's 6-bit scales where both apply."""
+    from specdec.export.kquant import float_k_grid, k_grid, q4_k_grid, symmetric_grid
+
+    rng = np.random.default_rng(3)
+    weight = (rng.standard_normal((64, 896)) * 0.02 + 0.004).astype(np.float32)
+    weight[:, ::131] *= 8  # a few outlier columns, as trained projections have
+    grid = k_grid(weight)
+    assert grid.correction is not None and grid.q.max() <= 15 and grid.scale.shape == (64, 28)
+    assert np.sqrt(np.mean(np.square(grid.values() - weight))) < 0.5 * grid.scale.mean()
+    fitted, symmetric = _weighted_error(grid, weight), _weighted_error(symmetric_grid(weight, 4), weight)
+    assert fitted < 0.6 * symmetric, (fitted, symmetric)
+    whole = weight[:, :768]  # three super-blocks: both apply
+    assert _weighted_error(float_k_grid(whole), whole) <= _weighted_error(q4_k_grid(whole), whole) * 1.001
+    flat = np.full((2, 64), -0.5, np.float32)
+    flat[1] = 0.0
+    assert np.array_equal(float_k_grid(flat).values(), flat)  # a flat block is its minimum
+    with pytest.raises(ValueError, match="whole blocks of 32"):
+        float_k_grid(weight[:, :100])
+
+
+def test_k_quant_exports_rows_not_whole_super_blocks_with_float_scales(tmp_path):
+    """The streamed k-quant export of a model whose widths are no multiple of 256 (the tiny test model's 64) stores
+    every 4-bit projection and the table through the float-scale search, none by symmetric rounding."""
+    from specdec.export.weight_plan import WeightPlan, WeightQuantizer
+
+    rng = np.random.default_rng(0)
+    quantizer = WeightQuantizer(WeightPlan("int4", "k-quant"), weights=None, layers=2)
+    quantizer.parts([rng.standard_normal((96, 64)).astype(np.float32)], ["model.layers.0.mlp.up_proj.weight"],
+                    "ffn_gate_up", 0)
+    quantizer.embedding(rng.standard_normal((50, 64)).astype(np.float32))
+    stored = quantizer.report["stored"]
+    assert stored == {"k-quant with float scales (rows not whole Q4_K super-blocks)": 2}, stored
+
+
+def test_a_draft_rounds_what_q4_k_does_not_hold_symmetric(tmp_path):
+    """A draft's quality only moves acceptance: its int4 recipe has no float scales (the search's correction rows
+    made the real draft's steps 1.12-1.15x dearer for +0.01 acceptance), so its 896-wide rows and table are
+    rounded symmetric, while the target's recipe keeps the search."""
+    from specdec.export.bundle import ExportOptions
+    from specdec.export.weight_plan import WeightQuantizer
+
+    options = ExportOptions("t", "d", tmp_path, quant="int4", quant_method="k-quant")
+    assert options.recipe_for("target").float_scales and not options.recipe_for("draft").float_scales
+    int8 = ExportOptions("t", "d", tmp_path, quant="int8", quant_method="rtn")
+    assert int8.recipe_for("draft") == int8.recipe_for("target")
+    rng = np.random.default_rng(0)
+    quantizer = WeightQuantizer(options.weight_plan("draft"), weights=None, layers=2)
+    quantizer.parts([rng.standard_normal((96, 64)).astype(np.float32)], ["model.layers.0.mlp.up_proj.weight"],
+                    "ffn_gate_up", 0)
+    quantizer.embedding(rng.standard_normal((50, 64)).astype(np.float32))
+    assert quantizer.report["stored"] == {"symmetric 4-bit, block 32 (rows not whole Q4_K super-blocks)": 1,
+                                          f"symmetric 4-bit, block {options.draft_block_size}": 1}
+
+
 def test_the_graph_writer_keeps_only_references_to_what_it_wrote(tmp_path):
     """An initializer goes to the data file at once (page-aligned when large); the graph holds its offset, and the
     model reads back the same arrays."""

@@ -174,16 +174,18 @@ class ExportOptions:
 
         recipe = self.recipe_for(role)
         return WeightPlan(self.quant, recipe.method, self.block_size_for(role), recipe.lm_head_bits,
-                          self.accuracy_level)
+                          self.accuracy_level, float_scales=recipe.float_scales)
 
     @property
     def recipe(self) -> QuantRecipe:
         return QuantRecipe(self.quant_method, self.lm_head_bits)
 
     def recipe_for(self, role: str) -> QuantRecipe:
-        if role == "draft" and self.draft_quant_method is not None:
-            return QuantRecipe(self.draft_quant_method, self.lm_head_bits)
-        return self.recipe
+        """The role's int4 recipe: a draft rounds what Q4_K does not hold symmetric (``QuantRecipe.float_scales``)."""
+        if role != "draft":
+            return self.recipe
+        method = self.quant_method if self.draft_quant_method is None else self.draft_quant_method
+        return QuantRecipe(method, self.lm_head_bits, float_scales=self.quant != "int4")
 
 
 EXPORTERS = ("auto", "streamed", "traced")
@@ -193,8 +195,8 @@ DEFAULT_KV_DTYPE = "float16"  # --kv-dtype auto for streamed exports (perplexity
 
 def auto_quant_method(source: str | None, quant: str) -> str:
     """The int4 method "auto" stands for: gguf-int4 for a .gguf file (carried blocks), k-quant for a float source
-    (llama.cpp's Q4_K search: the real pair's target within 0.7% of llama.cpp's own Q4_K_M of the same float
-    folder, rtn +9.2%; benchmarks/results/2026-12-03-float-source-quality); rtn for other --quant values."""
+    (llama.cpp's Q4_K search: the real pair's target within 1.1% of llama.cpp's own Q4_K_M of the same float
+    folder, rtn +9.2%; benchmarks/results/2026-12-04-float-k-grid); rtn for other --quant values."""
     if quant != "int4":
         return "rtn"
     return "gguf-int4" if source and str(source).lower().endswith(".gguf") else "k-quant"

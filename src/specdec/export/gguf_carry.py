@@ -17,9 +17,10 @@ embedding are found in the GGUF by value and written from the GGUF's own blocks 
 - a weight whose columns mix 4- and 8-bit tensors (QKV where v is Q6_K) becomes one MatMulNBits per run of
   columns and a Concat;
 - the embedding becomes a GatherBlockQuantized of the same grid (plus a Gather of the corrections);
-- ``gguf-int4`` (``narrow``): 8-bit grids are rounded to 4 bits instead (but the named ``wide_weights`` and the
-  block roles in ``wide_roles``: ``quantize.GGUF_INT4_WIDE_ROLES``), so a token reads about the bytes of plain
-  int4 while Q4_K tensors keep the GGUF's values.
+- ``gguf-int4`` (``narrow``): 8-bit grids are put on 4-bit grids instead (``kquant.narrowed``: a target's by the
+  float-scale search, a draft's symmetric), but the named
+  ``wide_weights`` and the block roles in ``wide_roles`` (``quantize.GGUF_INT4_WIDE_ROLES``), so a token reads
+  about the bytes of plain int4 while Q4_K tensors keep the GGUF's values.
 
 Where a tensor is not found (another source, a type not in ``gguf_blocks.KINDS``), it is left as it is and the
 caller's generic quantization takes it.
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.export.gguf_blocks import BLOCK, KINDS, Grid, grid_of, rounded_to_4_bits
+from specdec.export.gguf_blocks import BLOCK, KINDS, Grid, grid_of
 
 log = logging.getLogger(__name__)
 
@@ -279,15 +280,19 @@ class _Builder:
 
 
 def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narrow: bool = False,
-                       wide_weights: frozenset = frozenset(), wide_roles: frozenset = frozenset()) -> CarryReport:
+                       wide_weights: frozenset = frozenset(), wide_roles: frozenset = frozenset(),
+                       float_scales: bool = True) -> CarryReport:
     """Replace every MatMul (constant 2-D float weight) and the token-embedding Gather whose values are found in
     ``gguf_path`` by nodes holding the GGUF's own blocks, in place (module docstring).
 
-    ``narrow``: every tensor the GGUF stores in more than 4 bits (Q5_0, Q6_K, Q8_0) is rounded to 4 bits instead
-    (``gguf_blocks.rounded_to_4_bits``) but the initializers named in ``wide_weights`` (e.g. the lm_head's) and the
-    GGUF tensors of the block roles in ``wide_roles`` (``blk.N.ROLE.weight``, e.g. ``attn_v``), which keep their
-    width even where they share a weight with 4-bit tensors (the packed QKV)."""
+    ``narrow``: every tensor the GGUF stores in more than 4 bits (Q5_0, Q6_K, Q8_0) is put on a 4-bit grid instead
+    (``kquant.narrowed``: with ``float_scales`` the k-quant search with float scales over its values, else
+    symmetric rounding) but the initializers named in ``wide_weights`` (e.g. the lm_head's) and the GGUF tensors
+    of the block roles in ``wide_roles`` (``blk.N.ROLE.weight``, e.g. ``attn_v``), which keep their width even
+    where they share a weight with 4-bit tensors (the packed QKV)."""
     from onnx import helper, numpy_helper
+
+    from specdec.export.kquant import narrowed
 
     tensors = GGUFTensors(gguf_path)
     builder = _Builder(model, accuracy_level)
@@ -312,7 +317,7 @@ def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narro
             continue
         grids = [(tensor.tensor_type.name, grid_of(tensor.data, tensor.tensor_type.name)) for tensor, _, _ in segments]
         if narrow and weight.name not in wide_weights:
-            grids = [(kind, grid if block_role(tensor.name) in wide_roles else rounded_to_4_bits(grid))
+            grids = [(kind, grid if block_role(tensor.name) in wide_roles else narrowed(grid, float_scales))
                      for (kind, grid), (tensor, _, _) in zip(grids, segments)]
         for kind, grid in grids:
             report.carried[kind] = report.carried.get(kind, 0) + 1

@@ -30,6 +30,7 @@ from specdec.export.gguf_blocks import BLOCK, Grid
 SUPER = 256  # weights per super-block (8 sub-blocks of 32)
 STEPS = 20  # make_qkx2_quants' nstep: candidates 0..STEPS after the first
 CHUNK_ROWS = 1 << 13  # sub-blocks per vectorized chunk (256 KiB of float32)
+NARROW_ROWS = 8192  # rows of a wider grid turned to floats at a time
 
 
 def _sub_block_fit(x):
@@ -117,6 +118,45 @@ def q4_k_fits(weight_shape) -> bool:
     return weight_shape[-1] % SUPER == 0
 
 
+def float_k_grid(weight: np.ndarray) -> Grid:
+    """The same search for rows that are not whole super-blocks (K a multiple of 32 only: the Qwen2.5 0.5B's
+    896-wide projections and table): each sub-block keeps the scale and minimum ``make_qkx2_quants`` found as
+    floats, with no super-block to round them to 6 bits (a MatMulNBits block holds a float32 scale, and the
+    correction rows a minimum). llama.cpp stores such rows as Q5_0 instead (``llama_tensor_get_type``'s fallback
+    for k-quants), 5.5 bits per weight.
+
+    Measured on the real pair from a float folder (benchmarks/results/2026-12-04-float-k-grid): the 0.5B as its
+    own model goes from +4.2% perplexity over llama.cpp's Q4_K_M of the same folder (symmetric 4-bit rounding)
+    to +0.55%, but as the draft it steps 1.15x the time for +0.01 accepted tokens per proposal, and the pair
+    decodes 0.96x as fast: the export gives it to targets only (``WeightPlan.float_scales``)."""
+    import torch
+
+    n, k = weight.shape
+    if k % BLOCK:
+        raise ValueError(f"a grid needs rows of whole blocks of {BLOCK} weights, got {k}")
+    sub = torch.from_numpy(np.ascontiguousarray(weight, np.float32)).reshape(-1, BLOCK)
+    q = torch.empty(sub.shape, dtype=torch.uint8)
+    steps, offsets = torch.empty(sub.shape[0]), torch.empty(sub.shape[0])
+    with torch.no_grad():
+        for start in range(0, sub.shape[0], CHUNK_ROWS):
+            end = start + CHUNK_ROWS
+            chunk = sub[start:end]
+            step, minimum = _sub_block_fit(chunk)  # minimum <= 0
+            divisor = torch.where(step > 0, step, torch.ones_like(step))
+            levels = torch.round((chunk - minimum[:, None]) / divisor[:, None]).clamp_(0, 15)
+            levels[step == 0] = 0  # a flat block is its minimum
+            q[start:end] = levels.to(torch.uint8)
+            steps[start:end], offsets[start:end] = step, -minimum
+    step, offset = steps.numpy().reshape(n, k // BLOCK), offsets.numpy().reshape(n, k // BLOCK)
+    return Grid(4, q.numpy().reshape(n, k), step.astype(np.float32), np.full(step.shape, 8, np.uint8),
+                (8 * step - offset).astype(np.float32))
+
+
+def k_grid(weight: np.ndarray) -> Grid:
+    """``weight``'s k-quant grid: Q4_K where its rows are whole super-blocks, else ``float_k_grid``."""
+    return q4_k_grid(weight) if q4_k_fits(weight.shape) else float_k_grid(weight)
+
+
 def symmetric_grid(weight: np.ndarray, bits: int) -> Grid:
     """Round-to-nearest on a symmetric grid per block of 32 (scale max|w| / 7 or / 127, default zero point)."""
     n, k = weight.shape
@@ -130,3 +170,32 @@ def symmetric_grid(weight: np.ndarray, bits: int) -> Grid:
     q = np.clip(np.rint(blocks / scale[..., None]), -top - (bits == 4), top) + zero
     return Grid(bits, q.astype(np.uint8).reshape(n, k), scale.astype(np.float32), np.full(scale.shape, zero, np.uint8),
                 None)
+
+
+def narrowed(grid: Grid, float_scales: bool = True) -> Grid:
+    """A GGUF tensor held in more than 4 bits (an 8-bit grid of Q5_0, Q8_0 or Q6_K values) on a 4-bit grid
+    (``gguf-int4``); a 4-bit grid as it is. ``float_scales`` (the target's): the float-scale search over its values
+    (``float_k_grid``), in row chunks (a 150k-row lm_head's float copy would be several GB); else (the draft's)
+    symmetric rounding at max |w| / 7 (``gguf_blocks.rounded_to_4_bits``), which needs no correction rows.
+
+    Measured on the Qwen2.5-Coder pair (benchmarks/results/2026-12-04-float-k-grid): the search takes the target
+    from 3.6653 to 3.6545 perplexity (``specdec eval``, c=512) at the same pass cost (0.99x at T=1, 1.01x at T=5)
+    and the draft from 6.6826 to 6.5485, but the draft, whose GGUF holds almost every projection in Q5_0, then
+    steps 1.12x the time (the minimums' correction rows) for +0.01 accepted tokens per proposal on the same texts,
+    and the pair decoded 0.94x as fast."""
+    from dataclasses import replace
+
+    from specdec.export.gguf_blocks import rounded_to_4_bits
+
+    if grid.bits == 4:
+        return grid
+    if not float_scales:
+        return rounded_to_4_bits(grid)
+    parts = []
+    for start in range(0, grid.q.shape[0], NARROW_ROWS):
+        rows = slice(start, start + NARROW_ROWS)
+        part = replace(grid, q=grid.q[rows], scale=grid.scale[rows], zero=grid.zero[rows],
+                       correction=None if grid.correction is None else grid.correction[rows])
+        parts.append(float_k_grid(part.values()))
+    return Grid(4, *(np.concatenate([getattr(p, name) for p in parts]) for name in ("q", "scale", "zero",
+                                                                                      "correction")), 0.0)

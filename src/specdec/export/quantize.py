@@ -29,9 +29,9 @@ How the int4 weights are chosen (``QuantRecipe``; each measured on the Qwen2.5-C
   through extra rows fed by the activation's block sums, within 1/30 of a Q4_K step; Q5_0 / Q8_0 exactly and
   Q6_K within 1/8 of its step as 8-bit);
   a weight not found in the GGUF falls back to ``rtn``. The lm_head keeps its GGUF type (Q6_K / Q8_0: 8-bit).
-  ``gguf-int4``: the same, but the tensors the GGUF holds in more than 4 bits are rounded to 4 bits (symmetric,
-  block 32) except ``GGUF_INT4_WIDE_ROLES`` (attn_v) and the lm_head with ``--lm-head-bits 8``: fewer bytes per
-  token, for a faster draft.
+  ``gguf-int4``: the same, but the tensors the GGUF holds in more than 4 bits are put on 4-bit grids (a target's
+  by the float-scale k-quant search, a draft's symmetric, block 32: ``QuantRecipe.float_scales``) except
+  ``GGUF_INT4_WIDE_ROLES`` (attn_v) and the lm_head with ``--lm-head-bits 8``: fewer bytes per token.
 - ``lm_head_bits``: 8 stores the output projection as 8-bit MatMulNBits (llama.cpp's Q4_K_M keeps it at
   6 bits), at the cost of reading more bytes per token.
 """
@@ -62,10 +62,17 @@ K_QUANT_CHUNK = 1 << 22  # weights per k-quant call: its ~10 float temporaries s
 
 @dataclass(frozen=True)
 class QuantRecipe:
-    """How int4 weights are chosen (module docstring). The default is the recipe measured best."""
+    """How int4 weights are chosen (module docstring). The default is the recipe measured best.
+
+    ``float_scales``: a GGUF tensor wider than 4 bits (``gguf-int4``) or a row that is not whole Q4_K super-blocks
+    (``k-quant``) takes the k-quant search with float scales and minimums (correction rows), else symmetric 4-bit
+    rounding. True for targets (its perplexity is the output's); False for drafts (``ExportOptions.recipe_for``),
+    whose quality only moves acceptance: the search made the real draft's steps 1.12-1.15x dearer for +0.01
+    accepted tokens per proposal (``kquant.narrowed``)."""
 
     method: str = "rtn"
     lm_head_bits: int = 4
+    float_scales: bool = True
 
     def __post_init__(self):
         if self.method not in QUANT_METHODS:
@@ -74,7 +81,7 @@ class QuantRecipe:
             raise ValueError(f"--lm-head-bits {self.lm_head_bits!r} is not one of {', '.join(map(str, LM_HEAD_BITS))}")
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "lm_head_bits": self.lm_head_bits}
+        return {"method": self.method, "lm_head_bits": self.lm_head_bits, "float_scales": self.float_scales}
 
 
 def quantize_onnx(src: Path, dst: Path, quant: str, accuracy_level: int | None = None, isolated: bool = True,
@@ -96,7 +103,8 @@ def quantize_onnx(src: Path, dst: Path, quant: str, accuracy_level: int | None =
         release_freed_memory()
         level = "none" if accuracy_level is None else str(accuracy_level)
         proc = subprocess.run([sys.executable, "-m", "specdec.export.quantize", str(src), str(dst), quant, level,
-                               str(block_size), recipe.method, str(recipe.lm_head_bits), str(gguf_path or "")],
+                               str(block_size), recipe.method, str(recipe.lm_head_bits), str(int(recipe.float_scales)),
+                               str(gguf_path or "")],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -129,7 +137,7 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
         raise ValueError(f"quant {quant!r} is not one of {', '.join(QUANTS[1:])}")
     bits = 8 if quant == "int8" else 4
     quant_format = QuantFormat.QDQ if quant == "int4-qdq" else QuantFormat.QOperator
-    if recipe != QuantRecipe() and (bits != 4 or quant_format != QuantFormat.QOperator):
+    if (recipe.method, recipe.lm_head_bits) != ("rtn", 4) and (bits != 4 or quant_format != QuantFormat.QOperator):
         raise ValueError(f"--quant-method / --lm-head-bits apply to --quant int4, not {quant}")
     if recipe.method in GGUF_METHODS and gguf_path is None:
         raise ValueError(f"--quant-method {recipe.method} needs a model loaded from a .gguf file")
@@ -142,6 +150,7 @@ def _quantize(src: Path, dst: Path, quant: str, accuracy_level: int | None, bloc
         head = _lm_head_node(model)
         wide = {n.input[1] for n in model.graph.node if n.name == head} if recipe.lm_head_bits == 8 else set()
         report = carry_gguf_weights(model, Path(gguf_path), accuracy_level, narrow=recipe.method == "gguf-int4",
+                                    float_scales=recipe.float_scales,
                                     wide_weights=frozenset(wide), wide_roles=GGUF_INT4_WIDE_ROLES).to_dict()
     tied = _tied_lm_head_output(model) if bits == 4 and quant_format == QuantFormat.QOperator else None
     lm_head = _lm_head_node(model) if recipe.lm_head_bits != bits else None
@@ -369,7 +378,7 @@ if __name__ == "__main__":  # the isolated worker of quantize_onnx
 
     import json
 
-    _src, _dst, _quant, _level, _block, _method, _head, _gguf = sys.argv[1:9]
+    _src, _dst, _quant, _level, _block, _method, _head, _float_scales, _gguf = sys.argv[1:10]
     _report = _quantize(Path(_src), Path(_dst), _quant, None if _level == "none" else int(_level), int(_block),
-                        QuantRecipe(_method, int(_head)), Path(_gguf) if _gguf else None)
+                        QuantRecipe(_method, int(_head), bool(int(_float_scales))), Path(_gguf) if _gguf else None)
     print(json.dumps(_report))

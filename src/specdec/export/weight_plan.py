@@ -6,10 +6,11 @@ Methods (``--quant int4 --quant-method``):
 - ``rtn``: onnxruntime's own symmetric round-to-nearest (MLAS; the bytes its MatMulNBitsQuantizer writes), blocks of
   ``block`` weights; ``rtn-asym`` the same with a 4-bit zero point per block.
 - ``k-quant``: llama.cpp's Q4_K (``kquant.py``: the scale/minimum search, 6-bit super-block scales), kept with its
-  float minimum (correction rows); the block roles in ``wide_roles`` (attn_v) and, in llama.cpp's ``use_more_bits``
+  float minimum (correction rows); rows that are not whole super-blocks of 256 keep the search's float scales
+  (``kquant.float_k_grid``; a draft's, ``float_scales`` False, are rounded symmetric instead); the block roles in ``wide_roles`` (attn_v) and, in llama.cpp's ``use_more_bits``
   layers, those in ``more_bits_roles``, at 8 bits (symmetric, blocks of 32) where Q4_K_M stores Q6_K.
-- ``gguf`` / ``gguf-int4``: a GGUF source's own blocks carried over (``gguf_carry.py``); ``gguf-int4`` rounds the
-  tensors the GGUF holds wider than 4 bits to 4 bits, but the ``wide_roles`` and (``--lm-head-bits 8``) the lm_head.
+- ``gguf`` / ``gguf-int4``: a GGUF source's own blocks carried over (``gguf_carry.py``); ``gguf-int4`` puts the
+  tensors the GGUF holds wider than 4 bits on 4-bit grids (``kquant.narrowed``), but the ``wide_roles`` and (``--lm-head-bits 8``) the lm_head.
   A tensor the GGUF holds in a type not carried falls back to ``rtn``.
 
 ``--lm-head-bits 8`` stores the lm_head at 8 bits whatever the method. ``--quant int8``: every weight 8-bit (MLAS).
@@ -50,6 +51,7 @@ class WeightPlan:
     accuracy_level: int | None = 4
     wide_roles: frozenset = frozenset({"attn_v"})  # k-quant / gguf-int4: always at 8 bits
     more_bits_roles: frozenset = frozenset()  # k-quant: at 8 bits in llama.cpp's use_more_bits layers
+    float_scales: bool = True  # QuantRecipe.float_scales: the target's; a draft's rounds symmetric instead
 
     def __post_init__(self):
         if self.quant == "int4" and self.method not in STREAMED_METHODS:
@@ -91,7 +93,7 @@ class WeightQuantizer:
     def embedding(self, table: np.ndarray, name: str = "model.embed_tokens.weight"):
         """The token embedding's stored form (int4): a Grid (k-quant's Q4_K, a GGUF's carried blocks) or a symmetric
         4-bit Packed of MLAS in blocks of ``block`` (the MLAS methods, and what no grid holds)."""
-        from specdec.export.kquant import q4_k_fits, q4_k_grid
+        from specdec.export.kquant import q4_k_fits, q4_k_grid, float_k_grid
 
         if self.plan.method in ("rtn", "rtn-asym") or table.shape[1] % 32:
             self._count(f"symmetric 4-bit, block {self.plan.block}")
@@ -99,17 +101,20 @@ class WeightQuantizer:
         if self.plan.method in ("gguf", "gguf-int4"):
             found = self.weights.grid(name)
             if found is not None:
-                from specdec.export.gguf_blocks import Grid, rounded_to_4_bits
+                from specdec.export.kquant import narrowed
 
                 kind, grid = found
-                grid = rounded_to_4_bits(grid) if grid.bits == 8 else grid
+                grid = narrowed(grid, self.plan.float_scales)
                 self._count(f"carried {kind}")
                 return _first_rows(grid, table.shape[0])
         if q4_k_fits(table.shape):
             self._count("Q4_K")
             return q4_k_grid(table)
-        self._count(f"symmetric 4-bit, block {self.plan.block}")
-        return pack_table(table, self.plan.block)
+        if not self.plan.float_scales:
+            self._count(f"symmetric 4-bit, block {self.plan.block}")
+            return pack_table(table, self.plan.block)
+        self._count("k-quant with float scales (rows not whole Q4_K super-blocks)")
+        return float_k_grid(table)
 
     def _wide(self, role: str, layer: int) -> bool:
         plan = self.plan
@@ -117,21 +122,24 @@ class WeightQuantizer:
                                            use_more_bits(layer, self.layers))
 
     def _k_quant(self, tensor: np.ndarray, name: str, layer: int, bits: int) -> tuple:
-        from specdec.export.kquant import q4_k_fits, q4_k_grid, symmetric_grid
+        from specdec.export.kquant import float_k_grid, q4_k_fits, q4_k_grid, symmetric_grid
 
         if bits == 8 or self._wide(block_role(name), layer):
             self._count("symmetric 8-bit, block 32")
             return symmetric_grid(tensor, 8), "sym8"
         if not q4_k_fits(tensor.shape):
-            self._count("symmetric 4-bit, block 32 (rows not whole Q4_K super-blocks)")
-            return symmetric_grid(tensor, 4), "sym4"
+            if not self.plan.float_scales:
+                self._count("symmetric 4-bit, block 32 (rows not whole Q4_K super-blocks)")
+                return symmetric_grid(tensor, 4), "sym4"
+            self._count("k-quant with float scales (rows not whole Q4_K super-blocks)")
+            return float_k_grid(tensor), "Q4_K"
         self._count("Q4_K")
         return q4_k_grid(tensor), "Q4_K"
 
     def _carried(self, name: str, layer: int, head: bool, rows: int) -> tuple | None:
         """(the GGUF's Grid of ``name``, its type), rounded to 4 bits for gguf-int4 unless wide; None: not carried.
         ``rows``: the rows the graph keeps (a table padded beyond the tokenizer keeps the tokenizer's)."""
-        from specdec.export.gguf_blocks import rounded_to_4_bits
+        from specdec.export.kquant import narrowed
 
         found = self.weights.grid(name)
         if found is None:
@@ -141,7 +149,7 @@ class WeightQuantizer:
         keep = self.plan.method == "gguf" or self._wide(block_role(name), layer) or (
             head and self.plan.lm_head_bits == 8)
         if grid.bits == 8 and not keep:
-            grid = rounded_to_4_bits(grid)
+            grid = narrowed(grid, self.plan.float_scales)
             self._count(f"carried {kind}, rounded to 4 bits")
         else:
             self._count(f"carried {kind}")

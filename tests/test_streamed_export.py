@@ -226,6 +226,7 @@ def test_a_draft_rounds_what_q4_k_does_not_hold_symmetric(tmp_path):
 
     options = ExportOptions("t", "d", tmp_path, quant="int4", quant_method="k-quant")
     assert options.recipe_for("target").float_scales and not options.recipe_for("draft").float_scales
+    assert options.weight_plan("target").float_scales and not options.weight_plan("draft").float_scales
     int8 = ExportOptions("t", "d", tmp_path, quant="int8", quant_method="rtn")
     assert int8.recipe_for("draft") == int8.recipe_for("target")
     rng = np.random.default_rng(0)

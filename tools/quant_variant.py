@@ -48,8 +48,8 @@ def main() -> int:
         print(f"quant_variant: error: {args.out} exists", file=sys.stderr)
         return 2
     roles = ("target", "draft") if args.role == "both" else (args.role,)
-    recipes = {"target": QuantRecipe(args.method, args.lm_head_bits),
-               "draft": QuantRecipe(args.draft_method or args.method, args.lm_head_bits)}
+    recipes = {"target": QuantRecipe(args.method, args.lm_head_bits),  # a draft without float scales, as exported
+               "draft": QuantRecipe(args.draft_method or args.method, args.lm_head_bits, float_scales=False)}
     blocks = {"target": args.block_size, "draft": args.draft_block_size or args.block_size}
     uses_gguf = any(recipes[role].method.startswith("gguf") for role in roles)
     ggufs = dict(zip(("target", "draft"), gguf_from_manifest(str(args.bundle)))) if uses_gguf else {}

@@ -64,9 +64,10 @@ K_QUANT_CHUNK = 1 << 22  # weights per k-quant call: its ~10 float temporaries s
 class QuantRecipe:
     """How int4 weights are chosen (module docstring). The default is the recipe measured best.
 
-    ``float_scales``: a GGUF tensor wider than 4 bits (``gguf-int4``) or a row that is not whole Q4_K super-blocks
-    (``k-quant``) takes the k-quant search with float scales and minimums (correction rows), else symmetric 4-bit
-    rounding. True for targets (its perplexity is the output's); False for drafts (``ExportOptions.recipe_for``),
+    ``float_scales``: a GGUF tensor wider than 4 bits (``gguf-int4``) or, in the streamed exporter, a row that is not
+    whole Q4_K super-blocks (``k-quant``) takes the k-quant search with float scales and minimums (correction
+    rows), else symmetric 4-bit rounding (the traced exporter's ``k-quant`` is onnxruntime's search on every row,
+    whatever this says). True for targets (its perplexity is the output's); False for drafts (``ExportOptions.recipe_for``),
     whose quality only moves acceptance: the search made the real draft's steps 1.12-1.15x dearer for +0.01
     accepted tokens per proposal (``kquant.narrowed``)."""
 

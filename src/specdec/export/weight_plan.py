@@ -104,9 +104,8 @@ class WeightQuantizer:
                 from specdec.export.kquant import narrowed
 
                 kind, grid = found
-                grid = narrowed(grid, self.plan.float_scales)
                 self._count(f"carried {kind}")
-                return _first_rows(grid, table.shape[0])
+                return narrowed(_first_rows(grid, table.shape[0]), self.plan.float_scales)
         if q4_k_fits(table.shape):
             self._count("Q4_K")
             return q4_k_grid(table)

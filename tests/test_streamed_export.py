@@ -181,15 +181,15 @@ def _weighted_error(grid, weight):
 
 
 def test_rows_that_are_not_whole_super_blocks_keep_the_search_with_float_scales():
-    """896-wide rows (the Qwen2.5 0.5B's projections) are no whole Q4_K super-blocks: ``k_grid`` gives them the same
+    """896-wide rows (the Qwen2.5 0.5B's projections) are no whole Q4_K super-blocks: ``float_k_grid`` gives them the same
     scale/minimum search with the scales kept as floats, which fits them better than symmetric rounding (what they
     got before) and at least as well as Q4_K's 6-bit scales where both apply."""
-    from specdec.export.kquant import float_k_grid, k_grid, q4_k_grid, symmetric_grid
+    from specdec.export.kquant import float_k_grid, q4_k_grid, symmetric_grid
 
     rng = np.random.default_rng(3)
     weight = (rng.standard_normal((64, 896)) * 0.02 + 0.004).astype(np.float32)
     weight[:, ::131] *= 8  # a few outlier columns, as trained projections have
-    grid = k_grid(weight)
+    grid = float_k_grid(weight)
     assert grid.correction is not None and grid.q.max() <= 15 and grid.scale.shape == (64, 28)
     assert np.sqrt(np.mean(np.square(grid.values() - weight))) < 0.5 * grid.scale.mean()
     fitted, symmetric = _weighted_error(grid, weight), _weighted_error(symmetric_grid(weight, 4), weight)

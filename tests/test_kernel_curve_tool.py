@@ -1,5 +1,5 @@
-"""The cost tools on tiny inputs: kernel_curve.py (every kernel's row for every row count, ratios against one row) and
-pass_widths.py (pass times by width while decoding, beside the calibration)."""
+"""The cost tools on tiny inputs: kernel_curve.py (every kernel's row for every row count, ratios against one row),
+pass_widths.py (pass times by width while decoding, beside the calibration) and draft_agreement.py."""
 
 import importlib.util
 import sys
@@ -49,3 +49,28 @@ def test_pass_widths_times_each_width_beside_the_calibration(tiny_bundle, tmp_pa
     assert rows and rows[0][0] == "| 1" and rows[0][3:] == ["1.00x", "1.00x", "1.00x |"]
     assert sum(line.endswith(" tok/s") for line in out.splitlines()) == 4 and "sum of tok/s: suffix" in out
     assert tool.main([str(tiny_bundle), str(prompts), "--modes", "nope"]) == 2
+
+
+def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path, capsys):
+    """tools/draft_agreement.py on the tiny bundle given twice: four (target, draft) pairings, all equal since the
+    bundles are one; a target agrees with itself everywhere, while the tiny random draft does not (a tool that
+    compared a role with itself would report 1.0 there); a text shorter than one context is a usage error."""
+    import json
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "draft_agreement.py"
+    spec = importlib.util.spec_from_file_location("draft_agreement", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    text = tmp_path / "text.txt"
+    text.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20)
+    out = tmp_path / "agreement.json"
+    assert tool.main([str(tiny_bundle), str(tiny_bundle), "--text", str(text), "--tokens", "128", "--context", "64",
+                      "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    shares = {pair["agreement"] for pair in result["pairs"]}
+    assert result["tokens"] == 128 and len(result["pairs"]) == 4 and len(shares) == 1
+    assert 0.0 <= shares.pop() < 1.0 and result["targets"][0]["agreement"] == 1.0
+    assert capsys.readouterr().out.count("target ") == 4
+    text.write_text("x")
+    with pytest.raises(SystemExit):
+        tool.main([str(tiny_bundle), "--text", str(text), "--context", "64"])

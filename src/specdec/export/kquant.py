@@ -82,28 +82,26 @@ def _sub_block_fit(x):
     return torch.where(flat, torch.zeros_like(best_scale), best_scale), best_min
 
 
-def q4_k_grid(weight: np.ndarray) -> Grid:
-    """The Q4_K grid of ``weight`` [N, K] float32 (K a multiple of 256; see ``q4_k_fits``)."""
+def _fits(sub):
+    """sub [R, 32] float32 torch -> (scale [R], offset [R] = -minimum >= 0) of every sub-block, in chunks."""
     import torch
 
-    n, k = weight.shape
-    if k % SUPER:
-        raise ValueError(f"Q4_K needs rows of whole super-blocks of {SUPER} weights, got {k}")
-    sub = torch.from_numpy(np.ascontiguousarray(weight, np.float32)).reshape(-1, BLOCK)
-    scales, minimums = torch.empty(sub.shape[0]), torch.empty(sub.shape[0])
+    scales, offsets = torch.empty(sub.shape[0]), torch.empty(sub.shape[0])
     with torch.no_grad():
         for start in range(0, sub.shape[0], CHUNK_ROWS):
             scale, minimum = _sub_block_fit(sub[start:start + CHUNK_ROWS])
-            scales[start:start + CHUNK_ROWS], minimums[start:start + CHUNK_ROWS] = scale, -minimum
-        scales, minimums = scales.reshape(-1, 8), minimums.reshape(-1, 8)  # per super-block
-        top_scale, top_min = scales.amax(-1, keepdim=True), minimums.amax(-1, keepdim=True)
-        six_scale = torch.clamp(torch.round(torch.where(top_scale > 0, 63.0 / top_scale, 0 * top_scale) * scales), max=63)
-        six_min = torch.clamp(torch.round(torch.where(top_min > 0, 63.0 / top_min, 0 * top_min) * minimums), max=63)
-        d = (top_scale / 63.0).half().float()  # stored as fp16, as a Q4_K block stores them
-        dmin = (top_min / 63.0).half().float()
-        step, offset = (d * six_scale).reshape(-1), (dmin * six_min).reshape(-1)  # per sub-block
-        divisor = torch.where(step > 0, step, torch.ones_like(step))
-        q = torch.empty(sub.shape, dtype=torch.uint8)
+            scales[start:start + CHUNK_ROWS], offsets[start:start + CHUNK_ROWS] = scale, -minimum
+    return scales, offsets
+
+
+def _grid(sub, step, offset, n: int, k: int) -> Grid:
+    """The 4-bit Grid of ``sub`` [n * k / 32, 32] on per-sub-block ``step`` and ``offset`` ([n * k / 32] torch):
+    w = step * q - offset, q in 0..15 (a flat block, step 0, is its offset)."""
+    import torch
+
+    divisor = torch.where(step > 0, step, torch.ones_like(step))
+    q = torch.empty(sub.shape, dtype=torch.uint8)
+    with torch.no_grad():
         for start in range(0, sub.shape[0], CHUNK_ROWS):
             end = start + CHUNK_ROWS
             levels = torch.round((sub[start:end] + offset[start:end, None]) / divisor[start:end, None]).clamp_(0, 15)
@@ -112,6 +110,26 @@ def q4_k_grid(weight: np.ndarray) -> Grid:
     step, offset = step.numpy().reshape(n, k // BLOCK), offset.numpy().reshape(n, k // BLOCK)
     return Grid(4, q.numpy().reshape(n, k), step.astype(np.float32), np.full(step.shape, 8, np.uint8),
                 (8 * step - offset).astype(np.float32))
+
+
+def q4_k_grid(weight: np.ndarray) -> Grid:
+    """The Q4_K grid of ``weight`` [N, K] float32 (K a multiple of 256; see ``q4_k_fits``)."""
+    import torch
+
+    n, k = weight.shape
+    if k % SUPER:
+        raise ValueError(f"Q4_K needs rows of whole super-blocks of {SUPER} weights, got {k}")
+    sub = torch.from_numpy(np.ascontiguousarray(weight, np.float32)).reshape(-1, BLOCK)
+    scales, minimums = _fits(sub)
+    with torch.no_grad():
+        scales, minimums = scales.reshape(-1, 8), minimums.reshape(-1, 8)  # per super-block
+        top_scale, top_min = scales.amax(-1, keepdim=True), minimums.amax(-1, keepdim=True)
+        six_scale = torch.clamp(torch.round(torch.where(top_scale > 0, 63.0 / top_scale, 0 * top_scale) * scales), max=63)
+        six_min = torch.clamp(torch.round(torch.where(top_min > 0, 63.0 / top_min, 0 * top_min) * minimums), max=63)
+        d = (top_scale / 63.0).half().float()  # stored as fp16, as a Q4_K block stores them
+        dmin = (top_min / 63.0).half().float()
+        step, offset = (d * six_scale).reshape(-1), (dmin * six_min).reshape(-1)  # per sub-block
+    return _grid(sub, step, offset, n, k)
 
 
 def q4_k_fits(weight_shape) -> bool:
@@ -135,21 +153,7 @@ def float_k_grid(weight: np.ndarray) -> Grid:
     if k % BLOCK:
         raise ValueError(f"a grid needs rows of whole blocks of {BLOCK} weights, got {k}")
     sub = torch.from_numpy(np.ascontiguousarray(weight, np.float32)).reshape(-1, BLOCK)
-    q = torch.empty(sub.shape, dtype=torch.uint8)
-    steps, offsets = torch.empty(sub.shape[0]), torch.empty(sub.shape[0])
-    with torch.no_grad():
-        for start in range(0, sub.shape[0], CHUNK_ROWS):
-            end = start + CHUNK_ROWS
-            chunk = sub[start:end]
-            step, minimum = _sub_block_fit(chunk)  # minimum <= 0
-            divisor = torch.where(step > 0, step, torch.ones_like(step))
-            levels = torch.round((chunk - minimum[:, None]) / divisor[:, None]).clamp_(0, 15)
-            levels[step == 0] = 0  # a flat block is its minimum
-            q[start:end] = levels.to(torch.uint8)
-            steps[start:end], offsets[start:end] = step, -minimum
-    step, offset = steps.numpy().reshape(n, k // BLOCK), offsets.numpy().reshape(n, k // BLOCK)
-    return Grid(4, q.numpy().reshape(n, k), step.astype(np.float32), np.full(step.shape, 8, np.uint8),
-                (8 * step - offset).astype(np.float32))
+    return _grid(sub, *_fits(sub), n, k)
 
 
 def symmetric_grid(weight: np.ndarray, bits: int) -> Grid:

@@ -21,12 +21,12 @@ def _tool():
 def test_kernel_curve_prints_one_row_per_kernel(tmp_path, monkeypatch, capsys):
     out = tmp_path / "curve.md"
     monkeypatch.setattr(sys, "argv", ["kernel_curve.py", "--k", "64", "--n", "96", "--layers", "2", "--rows", "1,3",
-                                      "--levels", "1,4", "--blocks", "32", "--repeats", "2",
+                                      "--levels", "1,4", "--blocks", "32", "--repeats", "2", "--int8-rows",
                                       "--out", str(out)])
     assert _tool().main() == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "ms" in line]
     assert [row.split(" | ")[0] for row in rows] == ["| int4 b32 level 1", "| int4 b32 level 4",
-                                                      "| float32 MatMul (2 pairs)"]
+                                                      "| int8 rows (MatMulInteger)", "| float32 MatMul (2 pairs)"]
     assert all(row.count("(1.00x)") >= 1 and row.count(" ms ") == 2 for row in rows)
     assert out.read_text().count("\n") == len(rows) + 4
 

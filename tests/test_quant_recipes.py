@@ -107,11 +107,13 @@ def test_exported_k_quant_pair_records_its_recipe_and_is_no_further_from_the_flo
     errors = {}
     for method in ("k-quant", "rtn"):
         out = tmp_path / method
-        export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, quant="int4", quant_method=method),
-                      progress=lambda m: None)
+        export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, quant="int4", quant_method=method,
+                                    layer_products="nbits"), progress=lambda m: None)
         manifest = Manifest.read(out)
-        assert manifest.extra["quant_recipe"] == {"method": method, "lm_head_bits": 4, "float_scales": True}
-        assert manifest.extra["draft_quant_recipe"] == {"method": method, "lm_head_bits": 4, "float_scales": False}
+        assert manifest.extra["quant_recipe"] == {"method": method, "lm_head_bits": 4, "float_scales": True,
+                                                  "layer_products": "nbits"}
+        assert manifest.extra["draft_quant_recipe"] == {"method": method, "lm_head_bits": 4, "float_scales": False,
+                                                        "layer_products": "nbits"}
         assert manifest.target.quant == "int4"
         errors[method] = manifest.extra["parity_max_abs_error"]["target"]["int4"]["decode"]["logits"]
     assert errors["k-quant"] < errors["rtn"], errors

@@ -19,8 +19,10 @@ DATA = Path(__file__).parent / "data"
 
 
 def _export(target, draft, out, **options):
+    """``layer_products`` nbits unless given: ``auto`` depends on the CPU (the integer products: test_int8_rows.py)."""
     from specdec.export.bundle import ExportOptions, export_bundle
 
+    options.setdefault("layer_products", "nbits")
     return export_bundle(ExportOptions(target=str(target), draft=str(draft) if draft else None, out=out, **options),
                          progress=lambda message: None)
 

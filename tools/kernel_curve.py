@@ -8,7 +8,8 @@ weight bandwidth a pass of up to ~8 rows would cost close to one row. This times
 nodes (the target's MLP shapes by default: 1536 -> 8960 -> 1536, ``--layers`` times, each with its own
 random int4 blocks and the default zero point, so the weights stream from memory as a model's do) for each
 row count, accuracy level (1: float32 compute, 4: int8 compute, the bundle's) and block size (32: what the
-carried Q4_K blocks need), beside the same stack as float32 MatMuls (MLAS's SGEMM), and prints each median
+carried Q4_K blocks need), beside the same stack as float32 MatMuls (MLAS's SGEMM) and, with ``--int8-rows``,
+as ``--layer-products int8``'s integer products, and prints each median
 time and its ratio to that kernel's one-row time. Nothing else runs in the session, so the ratios are the
 kernels' own; a model's pass adds attention, the lm_head and host work on top.
 """
@@ -44,6 +45,21 @@ def nbits_model(k: int, n: int, block: int, level: int, layers: int) -> bytes:
                                       [f"y{index}"], domain="com.microsoft", K=rows_in, N=rows_out, bits=4,
                                       block_size=block, accuracy_level=level))
     return _model(nodes, k, initializers)
+
+
+def int8_rows_model(k: int, n: int, layers: int) -> bytes:
+    """The same stack as ``--layer-products int8`` writes it (export/int8_rows.py): MatMulInteger over 7-bit
+    channel weights, 8-bit activations scaled per row."""
+    from specdec.export.graph_writer import NodeList
+    from specdec.export.int8_rows import channel_quantized, row_quantized_matmul
+
+    rng = np.random.default_rng(0)
+    sink = NodeList()
+    for index, (rows_in, rows_out) in enumerate([(k, n), (n, k)] * layers):
+        q, scale = channel_quantized((rng.standard_normal((rows_out, rows_in)) / np.sqrt(rows_in)).astype(np.float32))
+        row_quantized_matmul(sink, f"y{index - 1}" if index else "x", sink.initializer(f"W{index}", q),
+                             sink.initializer(f"S{index}", scale), f"p{index}", f"y{index}")
+    return _model(sink.nodes, k, sink.initializers)
 
 
 def float_model(k: int, n: int, layers: int) -> bytes:
@@ -89,11 +105,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: one per physical core)")
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--no-float", action="store_true", help="skip the float32 MatMul column")
+    parser.add_argument("--int8-rows", action="store_true",
+                        help="add the integer products of --layer-products int8 (MatMulInteger, a scale per row)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     kernels = {f"int4 b{b} level {lv}": nbits_model(args.k, args.n, int(b), int(lv), args.layers)
                for lv in args.levels.split(",") for b in args.blocks.split(",")}
+    if args.int8_rows:
+        kernels["int8 rows (MatMulInteger)"] = int8_rows_model(args.k, args.n, args.layers)
     if not args.no_float:
         float_layers = min(args.layers, FLOAT_LAYERS)  # a model proto holds at most 2 GB
         kernels[f"float32 MatMul ({float_layers} pairs)"] = float_model(args.k, args.n, float_layers)

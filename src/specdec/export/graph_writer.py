@@ -115,3 +115,34 @@ class GraphWriter:
     def abort(self) -> None:
         if not self.data.closed:
             self.data.close()
+
+
+class NodeList:
+    """``GraphWriter``'s building surface (initializer, constant, node, one) in memory: for the small graphs of
+    kernel screens and tests, built into ``onnx.helper.make_graph`` from ``nodes`` and ``initializers``."""
+
+    def __init__(self):
+        from onnx import numpy_helper
+
+        self._from_array = numpy_helper.from_array
+        self.nodes: list = []
+        self.initializers: list = []
+
+    def initializer(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(self._from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def constant(self, values, dtype=np.int64) -> str:
+        return self.initializer(f"const_{len(self.initializers)}", np.asarray(values, dtype))
+
+    def node(self, op: str, inputs: list, outputs: list, name: str | None = None, domain: str = "",
+             **attributes) -> list:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=name or f"{op}_{len(self.nodes)}",
+                                           domain=domain or None, **attributes))
+        return list(outputs)
+
+    def one(self, op: str, inputs: list, name: str | None = None, domain: str = "", **attributes) -> str:
+        name = name or f"{op}_{len(self.nodes)}"
+        return self.node(op, inputs, [f"{name}/out"], name, domain, **attributes)[0]

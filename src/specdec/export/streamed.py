@@ -31,6 +31,7 @@ from specdec.export.gguf_blocks import Grid
 from specdec.export.graph_fused import SCRATCH_ROWS
 from specdec.export.graph_model import SLIDING, layer_types
 from specdec.export.graph_writer import ONNX_NAME, GraphWriter
+from specdec.export.int8_rows import channel_quantized, row_quantized_matmul
 from specdec.export.nbits import gather_quantized, matmul, write_parts
 from specdec.export.weight_plan import WeightPlan, WeightQuantizer
 
@@ -133,6 +134,12 @@ class FusedGraphBuilder:
             weight = np.concatenate(tensors, axis=0) if len(tensors) > 1 else tensors[0]
             w.node("MatMul", [x, w.initializer(f"{base}.weight", np.ascontiguousarray(weight.T))], [target],
                    name=f"{base}/MatMul")
+        elif self.quantizer.plan.layer_products == "int8" and role != "output":
+            weight = np.concatenate(tensors, axis=0) if len(tensors) > 1 else tensors[0]
+            q, scale = channel_quantized(weight)
+            self.quantizer.count_int8_rows(len(names))
+            row_quantized_matmul(w, x, w.initializer(f"{base}.weight_q7", q), w.initializer(f"{base}.scales", scale),
+                                 base, target)
         else:
             parts = self.quantizer.parts(tensors, names, role, layer)
             matmul(w, x, write_parts(w, parts, base), base, target, self.level, k, self.block_sums)

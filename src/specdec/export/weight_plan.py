@@ -52,6 +52,7 @@ class WeightPlan:
     wide_roles: frozenset = frozenset({"attn_v"})  # k-quant / gguf-int4: always at 8 bits
     more_bits_roles: frozenset = frozenset()  # k-quant: at 8 bits in llama.cpp's use_more_bits layers
     float_scales: bool = True  # QuantRecipe.float_scales: the target's; a draft's rounds symmetric instead
+    layer_products: str = "nbits"  # QuantRecipe.layer_products: "int8" = the layers' projections as int8_rows.py
 
     def __post_init__(self):
         if self.quant == "int4" and self.method not in STREAMED_METHODS:
@@ -68,6 +69,9 @@ class WeightQuantizer:
 
     def _count(self, what: str, count: int = 1) -> None:
         self.report["stored"][what] = self.report["stored"].get(what, 0) + count
+
+    def count_int8_rows(self, weights: int) -> None:
+        self._count("7-bit per output channel, 8-bit rows (MatMulInteger)", weights)
 
     def shares_embedding(self) -> bool:
         """A tied table can be stored once: the 4-bit symmetric lm_head's data read by the embedding's Gather."""

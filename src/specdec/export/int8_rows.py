@@ -1,0 +1,83 @@
+"""A decoder layer's projection as an integer product: 7-bit weights per output channel, 8-bit activations per row.
+
+``--layer-products int8`` (``QuantRecipe.layer_products``) writes each of a layer's projections (packed QKV, the
+output projection, packed gate|up, down) as onnxruntime's ``MatMulInteger`` over weights rounded per output channel
+and activations rounded per token row, then the two scales:
+
+    s_row = max|x_row| / 127            (per row: ReduceMax, no row reads another)
+    q_row = round(x_row / s_row) + 128  (uint8, zero point 128)
+    y     = float(q_row @ W_q) * w_scale * s_row
+
+MLAS runs ``MatMulInteger`` u8 x s8 with AMX tiles, VNNI or AVX2 ``vpmaddubsw``, on weights packed once at load.
+Where MatMulNBits' int4 kernel is compute-bound from ~8 rows on (a 64-token prefill chunk costs 13.6x one token
+on a Xeon with AMX), the integer product of 64 rows costs about 2.7x one row there, and its weights read 8 bits per
+weight against MatMulNBits' ~6 (4 + a float32 scale and block sum per 32).
+
+Rows stay exact in every pass width by construction: each row's scale is its own, the product is integer
+(exact whatever the kernel's tiling), and the scaling is elementwise. Weights keep 7 bits (63 levels either side,
+onnxruntime's ``reduce_range``) so a pair of u8 x s8 products never saturates ``vpmaddubsw``'s int16 sum
+(255 * 63 * 2 = 32,130 < 32,767) on AVX2 CPUs without VNNI, where 8-bit weights would silently clip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+WEIGHT_LEVELS = 63  # 7-bit weights (module docstring: AVX2's vpmaddubsw)
+ROW_LEVELS = 127.0  # 8-bit activations, zero point 128
+ZERO_POINT = 128
+TINY = 1e-30  # a row of zeros keeps a scale (its products are 0 whatever the scale)
+
+
+DOT_PRODUCT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # /proc/cpuinfo: int8 dot products without saturation
+
+
+def dot_product_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """Which of ``DOT_PRODUCT_FLAGS`` this CPU has (none where /proc/cpuinfo is not readable)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return ()
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return tuple(flag for flag in DOT_PRODUCT_FLAGS if flag in flags)
+
+
+def channel_quantized(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> tuple[np.ndarray, np.ndarray]:
+    """weight: [N, K] float32 -> (q [K, N] int8 in [-levels, levels], scale [N] float32): per output channel,
+    scale = max |w| / levels, round to nearest (ties to even)."""
+    peak = np.abs(weight).max(axis=1).astype(np.float32)
+    scale = np.where(peak > 0, peak / np.float32(levels), np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint(weight / scale[:, None]), -levels, levels).astype(np.int8)
+    return np.ascontiguousarray(q.T), scale
+
+
+def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """q: [K, N] int8, scale: [N] -> the weight the product uses, [N, K] float32."""
+    return (q.astype(np.float32) * scale[None, :]).T
+
+
+def row_quantized_matmul(sink, x: str, q: str, scale: str, name: str, out: str) -> str:
+    """``out`` = x @ W for W held as ``q`` [K, N] int8 and ``scale`` [N] (initializer names), ``x`` [B, T, K]."""
+    peak = sink.one("ReduceMax", [sink.one("Abs", [x], name=f"{name}/abs"), sink.constant([-1])],
+                    name=f"{name}/row_peak", keepdims=1)
+    row_scale = sink.one("Div", [sink.one("Max", [peak, sink.constant(TINY, np.float32)], name=f"{name}/row_peak_min"),
+                                 sink.constant(ROW_LEVELS, np.float32)], name=f"{name}/row_scale")
+    rounded = sink.one("Round", [sink.one("Div", [x, row_scale], name=f"{name}/scaled")], name=f"{name}/round")
+    shifted = sink.one("Add", [rounded, sink.constant(float(ZERO_POINT), np.float32)], name=f"{name}/shift")
+    codes = sink.one("Cast", [shifted], name=f"{name}/codes", to=2)  # TensorProto.UINT8
+    product = sink.one("MatMulInteger", [codes, q, sink.constant(ZERO_POINT, np.uint8)], name=f"{name}/MatMulInteger")
+    scaled = sink.one("Mul", [sink.one("Cast", [product], name=f"{name}/float", to=1), scale],
+                      name=f"{name}/channel_scale")
+    sink.node("Mul", [scaled, row_scale], [out], name=f"{name}/row_scale_mul")
+    return out
+
+
+def reference_rows(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The same product in numpy (float64 accumulation of the integers: exact), x: [T, K] float32 -> [T, N]."""
+    peak = np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(TINY))
+    row_scale = (peak / np.float32(ROW_LEVELS)).astype(np.float32)
+    codes = np.rint(x / row_scale)
+    product = (codes.astype(np.int64) @ q.astype(np.int64)).astype(np.float32)
+    return product * scale[None, :] * row_scale

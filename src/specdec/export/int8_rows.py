@@ -29,8 +29,6 @@ WEIGHT_LEVELS = 63  # 7-bit weights (module docstring: AVX2's vpmaddubsw)
 ROW_LEVELS = 127.0  # 8-bit activations, zero point 128
 ZERO_POINT = 128
 TINY = 1e-30  # a row of zeros keeps a scale (its products are 0 whatever the scale)
-
-
 DOT_PRODUCT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # /proc/cpuinfo: int8 dot products without saturation
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from every_mode import assert_every_mode_is_target_only
 from onnx import TensorProto, helper
 
 from specdec.export import int8_rows
@@ -44,7 +45,7 @@ def test_channel_weights_are_7_bit_within_half_a_step_and_cannot_saturate_avx2()
     q, scale = int8_rows.channel_quantized(weight)
     assert q.shape == (64, 96) and q.dtype == np.int8 and scale.shape == (96,)
     assert np.abs(q).max() == int8_rows.WEIGHT_LEVELS and not q[:, 5].any()
-    error = np.abs(int8_rows.dequantized(q, scale) - weight)
+    error = np.abs((q.astype(np.float32) * scale[None, :]).T - weight)  # the weight the product uses
     assert (error <= scale[:, None] / 2 * (1 + 1e-6)).all()
     # vpmaddubsw adds two u8 x s8 products into int16: the largest activation code (255) times the largest weight
     assert 2 * 255 * int8_rows.WEIGHT_LEVELS <= np.iinfo(np.int16).max
@@ -115,25 +116,9 @@ def test_the_manifest_records_the_products_and_parity_rows_equal_decoding(int8_r
     assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}, report
 
 
-MODES = [dict(num_draft_tokens=3, proposer="draft"), dict(tree="2,2,1", proposer="draft"),
-         dict(num_draft_tokens="auto"), dict(num_draft_tokens=2, proposer="suffix")]
-
-
 @pytest.mark.integration
 def test_greedy_and_seeded_sampling_in_every_mode_are_target_only_with_integer_products(int8_rows_bundle):
-    from specdec import SamplingConfig, SpeculativeDecoder
-
-    decoder = SpeculativeDecoder.load(int8_rows_bundle)
-    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
-    baseline = decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0).token_ids
-    config = SamplingConfig(temperature=0.9, top_k=8)
-    sampled = {seed: decoder.generate(prompt, max_new_tokens=24, sampling=config, num_draft_tokens=0,
-                                      seed=seed).token_ids for seed in (0, 1)}
-    for mode in MODES:
-        assert decoder.generate(prompt, max_new_tokens=40, **mode).token_ids == baseline, mode
-        for seed, expected in sampled.items():
-            out = decoder.generate(prompt, max_new_tokens=24, sampling=config, seed=seed, acceptance="coupled", **mode)
-            assert out.token_ids == expected, (mode, seed)
+    assert_every_mode_is_target_only(int8_rows_bundle)
 
 
 def test_the_products_are_the_streamed_int4_exports_only():

@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from every_mode import assert_every_mode_is_target_only
 
 from specdec.contract.manifest import BundleError, Manifest
 from specdec.runners import kv_int8
@@ -121,25 +122,9 @@ def test_the_graph_writes_rows_by_the_numpy_rule(int8_bundle, float_bundle, divi
         assert all(np.array_equal(a, b) for a, b in zip(kv_int8.quantize_rows(rows), (steps, scales)))
 
 
-MODES = [dict(num_draft_tokens=3, proposer="draft"), dict(tree="2,2,1", proposer="draft"),
-         dict(num_draft_tokens="auto"), dict(num_draft_tokens=2, proposer="suffix")]
-
-
 @pytest.mark.integration
 def test_greedy_and_seeded_sampling_in_every_mode_are_target_only_at_int8(int8_bundle):
-    from specdec import SamplingConfig, SpeculativeDecoder
-
-    decoder = SpeculativeDecoder.load(int8_bundle)
-    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
-    baseline = decoder.generate(prompt, max_new_tokens=40, num_draft_tokens=0).token_ids
-    config = SamplingConfig(temperature=0.9, top_k=8)
-    sampled = {seed: decoder.generate(prompt, max_new_tokens=24, sampling=config, num_draft_tokens=0,
-                                      seed=seed).token_ids for seed in (0, 1)}
-    for mode in MODES:
-        assert decoder.generate(prompt, max_new_tokens=40, **mode).token_ids == baseline, mode
-        for seed, expected in sampled.items():
-            out = decoder.generate(prompt, max_new_tokens=24, sampling=config, seed=seed, acceptance="coupled", **mode)
-            assert out.token_ids == expected, (mode, seed)
+    assert_every_mode_is_target_only(int8_bundle)
 
 
 @pytest.mark.integration

@@ -469,7 +469,7 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
     if options.layer_products == "auto":
         products, why = auto_layer_products(options, _model_type(target_source))
         options = replace(options, layer_products=products)
-        if products != "nbits" or options.quant == "int4":
+        if options.quant == "int4":  # int8 needs int4; other quants say nothing
             progress(f"target's layer products: {products} ({why})")
     progress("loading tokenizers")
     tokenizers = {"target": load_tokenizer(target_source)}

@@ -51,11 +51,6 @@ def channel_quantized(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> tuple[
     return np.ascontiguousarray(q.T), scale
 
 
-def dequantized(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """q: [K, N] int8, scale: [N] -> the weight the product uses, [N, K] float32."""
-    return (q.astype(np.float32) * scale[None, :]).T
-
-
 def row_quantized_matmul(sink, x: str, q: str, scale: str, name: str, out: str) -> str:
     """``out`` = x @ W for W held as ``q`` [K, N] int8 and ``scale`` [N] (initializer names), ``x`` [B, T, K]."""
     peak = sink.one("ReduceMax", [sink.one("Abs", [x], name=f"{name}/abs"), sink.constant([-1])],

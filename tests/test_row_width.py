@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from specdec.contract.limits import PREFILL_CELLS, PREFILL_WIDTHS, prefill_width
 from specdec.decoding.rounds import catch_up
 from specdec.runners.row_parity import DEEP, WIDTHS, exact_width
 from specdec.runners.runner import KVSnapshot
@@ -81,6 +82,18 @@ def test_prefill_chunks_stay_within_the_exact_width():
     runner = WidthRunner()
     catch_up(runner, list(range(1, 200)))  # not measured: the default chunk
     assert max(runner.widths) == 64
+
+
+def test_prefill_chunks_halve_deep_in_a_long_prompt_to_widths_the_load_checks():
+    assert set(PREFILL_WIDTHS) <= set(WIDTHS)
+    assert [prefill_width(depth) for depth in (0, 16320, 16321, 32700, 32800)] == [64, 64, 32, 32, 16]
+    for depth in range(0, 40000, 97):
+        width = prefill_width(depth)
+        assert width == min(PREFILL_WIDTHS) or width * (depth + width) <= PREFILL_CELLS
+    runner = WidthRunner(max_context=16600)
+    runner.length = 16200  # a long prompt's prefill, its first 16,200 tokens cached
+    catch_up(runner, list(range(16500)))
+    assert runner.widths == [64, 64, 32, 32, 32, 32, 32, 10] and runner.length == 16498
 
 
 def _widths_of(decoder, prompt, **mode):

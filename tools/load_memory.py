@@ -8,8 +8,8 @@ Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the
 (VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
 random rows (``runners.runner.fill_random``) and one 64-token prefill chunk, one decode step and one 5-token
 verify pass run at that depth, and the memory is printed again. For A/Bs of what the runtime gives back:
-``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, the load's free
-heap); ``--keep-cache-pages`` keeps the cache pages the load's row check and the calibration wrote
+``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, single-page
+reads of the mapped files, the load's free heap); ``--keep-cache-pages`` keeps the cache pages the load's row check and the calibration wrote
 (``Runner.release_cache`` only empties the cache); ``--calibrate`` measures the pass costs after the load (as a first ``auto`` request on a new
 machine does; never stored) and prints the memory again; ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
 transparent huge pages where the OS uses them). Run one variant per process. ``--passes N`` also times N

@@ -17,15 +17,16 @@ The runners passed in are already timed (runners/timing.py): no timing happens h
 
 from __future__ import annotations
 
-from specdec.contract.limits import PREFILL_CHUNK, refeed_room
+from specdec.contract.limits import PREFILL_CHUNK, prefill_width, refeed_room
 from specdec.decoding.proposers.base import Proposal, RoundResult
 from specdec.decoding.tree import ROOT, DraftTree
 
 
 def catch_up(runner, tokens: list, leave: int = 2) -> None:
-    """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass."""
-    width = min(PREFILL_CHUNK, runner.exact_width or PREFILL_CHUNK)
+    """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass
+    (chunks narrow deep in a long prompt: ``prefill_width``)."""
     while runner.length < len(tokens) - leave:
+        width = min(prefill_width(runner.length), runner.exact_width or PREFILL_CHUNK)
         chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + width)]
         runner.forward(chunk, range(runner.length, runner.length + len(chunk)), last_logits_only=True)
         runner.commit(len(chunk))

@@ -126,6 +126,23 @@ def test_the_load_memory_tool_reports_a_loaded_bundle_and_its_target_at_depth(ti
 
 
 @pytest.mark.integration
+def test_the_load_memory_tool_prefills_a_file_s_tokens(tiny_bundle, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = tmp_path / "prompt.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 12, encoding="utf-8")
+    tool = Path(__file__).resolve().parent.parent / "tools" / "load_memory.py"
+    done = subprocess.run([sys.executable, str(tool), str(tiny_bundle), "--max-context", "256", "--threads", "1",
+                           "--prefill", str(text)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.splitlines()[1]
+    assert line.startswith("target after a prefill of ") and " tokens of prompt.txt (" in line and "file-backed" in line
+    assert int(line.split()[5]) > 12  # the file's tokens, not a fixed count
+
+
+@pytest.mark.integration
 def test_load_releases_the_bundle_s_read_once_pages_once(tiny_bundle, monkeypatch):
     """SpeculativeDecoder.load ends with release_after_load(bundle root), once (removing the call fails this)."""
     import specdec.decoding.decoder as decoder_module

@@ -2,7 +2,7 @@
 
 usage: python tools/load_memory.py BUNDLE [--max-context 32768] [--depth 26600] [--threads 2]
                                    [--keep-pages] [--keep-cache-pages] [--numpy-cache] [--passes N]
-                                   [--calibrate]
+                                   [--calibrate] [--prefill FILE] [--read-around]
 
 Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the process's resident memory
 (VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
@@ -14,7 +14,11 @@ reads of the mapped files, the load's free heap); ``--keep-cache-pages`` keeps t
 machine does; never stored) and prints the memory again; ``--numpy-cache`` allocates the KV caches with numpy's zeros instead of ``kv_store.cache_zeros`` (on
 transparent huge pages where the OS uses them). Run one variant per process. ``--passes N`` also times N
 one-token steps, N 5-token verify passes and N 64-token chunks at that depth (nothing committed; medians): that
-giving back memory costs no speed.
+giving back memory costs no speed. ``--prefill FILE`` instead prefills the target with the file's tokens, as a
+request's prompt (the embedding gathers one row per token: the single-page reads of ``--keep-pages``' A/B), and
+prints the memory and the seconds; ``--read-around`` keeps the kernel's read-around and fault-around on the mapped
+weight files (skips ``runners/resident.read_rows_singly``; warm the page cache first, as an export or a verified load
+does: ``cat BUNDLE/*/model.onnx.data > /dev/null``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=0)
     parser.add_argument("--keep-cache-pages", action="store_true")
     parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument("--prefill", type=Path, default=None, metavar="FILE")
+    parser.add_argument("--read-around", action="store_true")
     args = parser.parse_args()
     if not Path("/proc/self/status").exists():
         print("needs Linux's /proc/self/status", file=sys.stderr)
@@ -58,6 +64,10 @@ def main() -> int:
 
     if args.keep_pages:
         decoder_module.release_after_load = lambda root: None
+    if args.read_around:
+        import specdec.runners.resident as resident_module
+
+        resident_module.read_rows_singly = lambda root: 0
     if args.keep_cache_pages:
         Runner.release_cache = Runner.reset
     if args.numpy_cache:
@@ -70,6 +80,14 @@ def main() -> int:
         decoder.wrap_target(lambda runner: runner)  # forget any stored costs: measured now, not stored
         decoder.costs()
         print(f"after calibrating: {resident()}", flush=True)
+    if args.prefill is not None:
+        from specdec.decoding.rounds import catch_up
+
+        ids = decoder.codec.encode(args.prefill.read_text(encoding="utf-8"))[: args.max_context]
+        begin = time.perf_counter()
+        catch_up(decoder.target, ids, leave=0)
+        print(f"target after a prefill of {len(ids)} tokens of {args.prefill.name} "
+              f"({time.perf_counter() - begin:.1f} s): {resident()}")
     if args.depth:
         target = decoder.target
         fill_random(target, args.depth)

@@ -17,7 +17,7 @@ Three kinds, measured on the real int4 pair (1.5B target, 0.5B draft; Linux, gli
   corrections, 167 MiB in the 1.5B target) stays mapped, and a prompt reads one row per token. A fault on a mapped
   file maps up to 64 KiB of the neighbouring pages the page cache holds (Linux's fault-around), and a fault that
   reads the disk reads 128 KiB around the page: one gathered row costs the process 16-32 pages. Measured on the
-  real target, a 7,419-token prompt left 105 MiB of the table resident for 8 MiB of rows read.
+  real target, a 7,419-token prompt left 105 MiB of the table resident (8 MiB with the reads below).
   ``read_rows_singly`` marks every large mapping of a bundle file ``MADV_RANDOM`` (no read-around) and drops the page
   cache's copy of the bundle's files that nothing maps (``posix_fadvise(POSIX_FADV_DONTNEED)``: a later read
   comes from the disk), so the table's resident pages follow the rows read. Both are hints: no byte changes.

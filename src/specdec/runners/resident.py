@@ -76,21 +76,30 @@ def file_mappings(smaps_text: str) -> list:
     return [tuple(mapping) for mapping in mappings]
 
 
-def release_read_once_pages(root: str | Path) -> int:
-    """Reclaim the resident pages of mappings of files under ``root`` that hold no page this process wrote; returns
-    the bytes the kernel accepted to reclaim (0 where the platform lacks /proc/self/smaps or MADV_PAGEOUT)."""
+def _bundle_mappings(root: str | Path):
+    """(``madvise(address, length, advice)``, the mappings of files under ``root`` as ``file_mappings`` gives them),
+    or None where the platform lacks /proc/self/smaps or madvise."""
     libc = _libc()
     if libc is None or not hasattr(libc, "madvise") or not os.path.exists("/proc/self/smaps"):
-        return 0
+        return None
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     inside = str(Path(root).resolve()) + os.sep
     with open("/proc/self/smaps") as smaps:
-        mappings = file_mappings(smaps.read())
+        return libc.madvise, [mapping for mapping in file_mappings(smaps.read()) if mapping[2].startswith(inside)]
+
+
+def release_read_once_pages(root: str | Path) -> int:
+    """Reclaim the resident pages of mappings of files under ``root`` that hold no page this process wrote; returns
+    the bytes the kernel accepted to reclaim (0 where the platform lacks /proc/self/smaps or MADV_PAGEOUT)."""
+    found = _bundle_mappings(root)
+    if found is None:
+        return 0
+    madvise, mappings = found
     released = 0
     for start, end, path, resident, swapped, anonymous in mappings:
-        if not path.startswith(inside) or resident == 0 or anonymous or swapped:
+        if resident == 0 or anonymous or swapped:
             continue
-        if libc.madvise(start, end - start, _MADV_PAGEOUT) == 0:
+        if madvise(start, end - start, _MADV_PAGEOUT) == 0:
             released += resident * 1024
         else:
             log.debug("madvise(%s, MADV_PAGEOUT) refused: errno %d", path, ctypes.get_errno())
@@ -103,17 +112,13 @@ def read_rows_singly(root: str | Path) -> int:
     map around them): ``MADV_RANDOM`` on each mapping of a file under ``root`` of SPARSE_MAPPING_BYTES or more,
     then the page cache's unmapped copies of those files dropped. Returns the number of files (0 where the
     platform lacks either call)."""
-    libc = _libc()
-    if (libc is None or not hasattr(libc, "madvise") or not hasattr(os, "posix_fadvise")
-            or not os.path.exists("/proc/self/smaps")):
+    found = _bundle_mappings(root) if hasattr(os, "posix_fadvise") else None
+    if found is None:
         return 0
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    inside = str(Path(root).resolve()) + os.sep
-    with open("/proc/self/smaps") as smaps:
-        mappings = [mapping for mapping in file_mappings(smaps.read()) if mapping[2].startswith(inside)]
+    madvise, mappings = found
     for start, end, *_ in mappings:
         if end - start >= SPARSE_MAPPING_BYTES:  # a table a pass gathers rows of; a small tensor is read whole
-            libc.madvise(start, end - start, _MADV_RANDOM)  # a hint: harmless on whatever the range holds now
+            madvise(start, end - start, _MADV_RANDOM)  # a hint: harmless on whatever the range holds now
     files = sorted({mapping[2] for mapping in mappings})
     for path in files:
         try:

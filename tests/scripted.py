@@ -85,14 +85,15 @@ class ByteCodec:
 
 
 def scripted_decoder(vocab: int = 16, eos: int = 15, draft_noise: float = 0.6, seed: int = 0, max_context: int = 512,
-                     costs=None, with_draft: bool = True) -> SpeculativeDecoder:
-    """A SpeculativeDecoder over scripted target/draft runners (draft = target + noise)."""
+                     costs=None, with_draft: bool = True, draft_runner=None) -> SpeculativeDecoder:
+    """A SpeculativeDecoder over scripted target/draft runners (draft = target + noise; ``draft_runner``: the
+    draft's runner class, ScriptedRunner or a subclass)."""
     from specdec.decoding.cost_model import Costs
 
     target_model = ScriptedModel(vocab, seed)
     target = ScriptedRunner(target_model, max_context)
-    draft = ScriptedRunner(ScriptedModel(vocab, seed + 1, base=target_model, noise=draft_noise), max_context) \
-        if with_draft else None
+    draft = (draft_runner or ScriptedRunner)(ScriptedModel(vocab, seed + 1, base=target_model, noise=draft_noise),
+                                             max_context) if with_draft else None
     manifest = SimpleNamespace(target=SimpleNamespace(vocab_size=vocab, eos_token_ids=(eos,), max_positions=max_context))
     costs = costs or Costs(draft_step=0.2, verify=tuple(1.0 + 0.1 * t for t in range(9)))
     return SpeculativeDecoder(None, manifest, target, draft, ByteCodec(vocab), costs)

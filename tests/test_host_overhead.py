@@ -21,6 +21,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from specdec.runners.sessions import SessionHolder
+
 PAST, NEW = 1500, 5
 SENTINEL = np.float32(-3.25)
 MARKER_BYTE = 0x41  # the fake graph fills new rows with this byte: float32 12.078431
@@ -151,8 +153,8 @@ def test_fused_pass_rebinds_only_its_per_pass_inputs(fused_runner):
     folded = spec.attention == "folded"
     kv_names = {name for layer in range(spec.num_layers) for names in spec.kv_tensors(layer) for name in names}
     cache = runner.cache
-    binding = CountingBinding(runner._binding)
-    runner._binding, runner.session = binding, UnwrappingSession(runner.session)
+    binding = CountingBinding(runner._live_binding())
+    runner._binding, runner.sessions = binding, SessionHolder(None, UnwrappingSession(runner.session))
     _at_context(runner, PAST)
     per_pass = []
     for _ in range(20):

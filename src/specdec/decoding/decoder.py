@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
@@ -37,6 +38,7 @@ from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CH
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer
 from specdec.decoding.proposers.draft import DRAFT_PROBE_SHARE
+from specdec.decoding.proposers.hybrid import draft_prefill_loses
 from specdec.decoding.request import GenerationResult, GenerationStats, Limits, Request, RequestState, make_request
 from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
@@ -87,6 +89,10 @@ class SpeculativeDecoder:
         # a GPU provider, or a cache too small to compare)
         # (role, tokens, seconds) of every pass with every row's logits, as the proposer sees them (for tools)
         self.pass_observers: list = []
+        # the draft's session, shared by every fork, closed while a context is too long for the draft to pay and
+        # opened again by the next request that runs it (runners/sessions.py); None: a backend that cannot close it
+        self.draft_sessions = getattr(draft, "sessions", None)
+        self.closes_draft = False  # close it on such contexts (load: on the CPU provider, where it was measured)
 
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
@@ -166,6 +172,9 @@ class SpeculativeDecoder:
                       calibration_key=key, suffix_cache=suffix, identity=identity)
         decoder.rows_exact = rows_exact
         decoder.context_reason = reason
+        decoder.closes_draft = provider == "cpu"
+        if decoder.draft_sessions is not None:  # a session opened again reads its weight file again
+            decoder.draft_sessions.after_reopen = lambda: release_after_load(root)
         release_after_load(root)  # the weight files' read-once pages and the load's free heap (runners/resident.py)
         return decoder
 
@@ -178,6 +187,7 @@ class SpeculativeDecoder:
                                     self.identity)
         forked.rows_exact = self.rows_exact
         forked.context_reason = self.context_reason
+        forked.closes_draft = self.closes_draft
         return forked
 
     def wrap_target(self, wrap) -> None:
@@ -344,7 +354,7 @@ class SpeculativeDecoder:
         return _Guard()
 
     def _pieces(self, state: RequestState) -> Iterator[str]:
-        with self._exclusive():
+        with self._exclusive(), ExitStack() as holds:
             request, stats = state.request, state.stats
             proposer = None
 
@@ -367,11 +377,17 @@ class SpeculativeDecoder:
             draft = TimedRunner(self.draft, "draft", on_pass) if self.draft is not None else None
             started = time.perf_counter()
             leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
+            if request.auto and request.proposer == "hybrid":  # before the target's prefill: its peak memory
+                self._close_draft_if_it_cannot_pay(request, self._resources(draft, state.tokens, leave),
+                                                   len(state.tokens))
             stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
             self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
-            proposer = make_proposer(request, self._resources(draft, state.tokens, leave))
+            resources = self._resources(draft, state.tokens, leave)
+            proposer = make_proposer(request, resources)
             stats.draft_skipped = getattr(proposer, "draft_skipped", False)
             uses_draft = proposer.uses_draft_model
+            if uses_draft and self.draft_sessions is not None:
+                holds.enter_context(self.draft_sessions.held())  # no other worker closes it under this request
             if uses_draft:
                 # auto hybrid: the draft reads the prompt in the first round that uses it (never the first)
                 stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache,
@@ -411,6 +427,18 @@ class SpeculativeDecoder:
                 if uses_draft:
                     self.prompt_cache.store("draft", self.draft)
 
+    def _close_draft_if_it_cannot_pay(self, request, resources: ProposerResources, context: int) -> None:
+        """Free the draft's session (its weights: 0.38 GiB of the 1.5B pair) when this conversation's context is so
+        long that the draft's catch-up would cost more than it could save even if the answer filled the rest of the
+        context: follow-ups only make the context longer. A later request that runs the draft opens it again (its
+        open priced like the catch-up: ``draft_prefill_loses``). Outputs never change: only proposals."""
+        sessions = self.draft_sessions
+        if not self.closes_draft or sessions is None or not sessions.is_open:
+            return
+        if draft_prefill_loses(request, resources, new_tokens=self.max_context - context):
+            sessions.close(f"a {context:,}-token context of {self.max_context:,}: the draft's catch-up costs more "
+                           "than it could save")
+
     def _observe_prefill(self, computed: int, seconds: float) -> None:
         """Keep a running estimate of the target's prefill seconds per token (from prefills of 32+ tokens)."""
         if computed >= 32:
@@ -427,8 +455,10 @@ class SpeculativeDecoder:
                 missing = min(missing, len(tokens) - leave - self.prompt_cache.peek("draft", tokens))
             missing = max(missing, 0)
         context = len(tokens)  # the costs at this request's depth (attention grows with it: cost_model.Costs.at)
+        sessions = self.draft_sessions
+        reopen = sessions.open_seconds if sessions is not None and not sessions.is_open else 0.0
         return ProposerResources(self.max_context, draft, lambda: self._measured_costs().at(context),
-                                 self.suffix_cache, self.probe_budget, missing, self._prefill_per_token)
+                                 self.suffix_cache, self.probe_budget, missing, self._prefill_per_token, reopen)
 
 
 def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None,

@@ -57,15 +57,20 @@ class FoldedRunner(FusedRunner):
         self._logit_rows = np.arange(max_step_tokens, dtype=np.int64)
         self._bound_rows = None
         self._bound_views = 0  # cache rows the per-head views are bound with now
-        self._binding = self.session.io_binding()
-        _bind(self._binding.bind_input, PAST_LENGTH, self._past)
+
+    def _new_binding(self, session):
+        binding = session.io_binding()
+        _bind(binding.bind_input, PAST_LENGTH, self._past)
+        self._bound_rows = None
+        self._bound_views = 0
+        return binding
 
     def _fork(self) -> "FoldedRunner":
-        return FoldedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+        return FoldedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.sessions,
                             kept_ids=self.kept_ids)
 
     def _bind_views(self, rows: int) -> None:
-        spec, binding, dtype = self.spec, self._binding, self.cache.dtype
+        spec, binding, dtype = self.spec, self._live_binding(), self.cache.dtype
         for layer in range(spec.num_layers):
             for head, (past_key, past_value, new_key, new_value) in enumerate(spec.kv_tensors(layer)):
                 for kind, past, present in ((0, past_key, new_key), (1, past_value, new_value)):
@@ -123,12 +128,12 @@ class FoldedRunner(FusedRunner):
         count = len(ids)
         total = past + count
         rows = min(self.slots, -(-total // CHUNK) * CHUNK)
+        binding = self._live_binding()  # first: a new binding (the session opened again) has no views bound
         if rows != self._bound_views:
             self._bind_views(rows)
         self._ids[:count] = ids
         self._positions[:count] = positions
         self._past[0] = past
-        binding = self._binding
         for name, buffer, allowed in (("attention_bias", self._bias, mask),
                                       ("sliding_attention_bias", self._sliding_bias, sliding)):
             if allowed is None:

@@ -20,6 +20,7 @@ import numpy as np
 from specdec.contract.manifest import LOGIT_ROWS, BundleError, ModelSpec
 from specdec.runners.kv_store import cache_zeros
 from specdec.runners.standard import ModelRunner, _bind, attach_session, providers_for
+from specdec.runners.sessions import SessionRunner
 from specdec.runners.runner import Runner
 
 # The additive bias where the boolean mask says "may not attend" (Hugging Face's masked value).
@@ -57,7 +58,7 @@ def _tree_at_slot_zero(positions: np.ndarray, past: int) -> bool:
     return past == 0 and count > 1 and bool(np.any(positions != positions[0] + np.arange(count)))
 
 
-class FusedRunner(Runner):
+class FusedRunner(SessionRunner, Runner):
     """The bookkeeping (length, slot positions, masks, commit/truncate/keep_path) is the shared ``Runner``;
     this class converts the mask to GroupQueryAttention's additive bias, binds and runs."""
 
@@ -88,20 +89,25 @@ class FusedRunner(Runner):
         # graphs with a logit_rows input compute logits only for the rows asked for (contract/manifest.py)
         self._logit_rows = np.arange(max_step_tokens, dtype=np.int64) if spec.has_input(LOGIT_ROWS) else None
         self._bound_rows = None  # (start, stop) of _logit_rows bound now
-        self._binding = self.session.io_binding()
+
+    def _new_binding(self, session):
+        binding = session.io_binding()
+        spec, slots = self.spec, self.cache.shape[4]
         cache_shape = [1, spec.num_kv_heads, slots, spec.head_dim]
         for layer, names in enumerate(spec.kv):  # bound once: the same buffer is the past and the present
             for kind, (past, present) in enumerate(((names.past_key, names.new_key),
                                                     (names.past_value, names.new_value))):
                 block = self.cache[layer, kind]
-                self._binding.bind_input(past, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
-                self._binding.bind_output(present, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
-        _bind(self._binding.bind_input, "seqlens_k", self._seqlens)
-        _bind(self._binding.bind_input, "total_sequence_length", self._total)
+                binding.bind_input(past, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
+                binding.bind_output(present, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
+        _bind(binding.bind_input, "seqlens_k", self._seqlens)
+        _bind(binding.bind_input, "total_sequence_length", self._total)
+        self._bound_rows = None
+        return binding
 
     def _fork(self) -> "FusedRunner":
         """A runner on the same onnxruntime session with its own cache, buffers and IO binding."""
-        return FusedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+        return FusedRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.sessions,
                            kept_ids=self.kept_ids)
 
     # ------------------------------------------------------------ backend hooks
@@ -136,7 +142,7 @@ class FusedRunner(Runner):
         vocab = self.logits_width
         rows = 1 if last_only else count
         logits = self._logits[first_row * vocab : (first_row + rows) * vocab].reshape(1, rows, vocab)
-        binding = self._binding
+        binding = self._live_binding()
         rows_range = (count - 1, count) if last_only else (0, count)
         if self._logit_rows is not None and rows_range != self._bound_rows:  # a binding stays until replaced
             _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])

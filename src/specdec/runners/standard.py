@@ -16,6 +16,7 @@ import numpy as np
 from specdec.runners.kv_store import DeviceKV, HostKV
 from specdec.contract.manifest import BundleError, ModelSpec
 from specdec.runners.runner import Runner
+from specdec.runners.sessions import SessionHolder, SessionRunner
 
 # The CUDA arena grows only by what is requested (no power-of-two jumps): on Jetson's unified memory
 # the default strategy can take memory the CPU side needs.
@@ -113,7 +114,7 @@ def _session(onnx_path: str, providers: list, threads: int | None):
     return ort.InferenceSession(onnx_path, session_options(threads), providers=providers)
 
 
-class ModelRunner(Runner):
+class ModelRunner(SessionRunner, Runner):
     """The standard-form graph on an onnxruntime provider, IO-bound into a preallocated cache."""
 
     def __init__(self, onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
@@ -132,7 +133,9 @@ class ModelRunner(Runner):
         self._ids = np.zeros(max_step_tokens, dtype=np.int64)
         self._positions = np.zeros(max_step_tokens, dtype=np.int64)
         self._logits = np.zeros(max_step_tokens * self.logits_width, dtype=np.float32)
-        self._binding = self.session.io_binding()
+
+    def _new_binding(self, session):
+        return session.io_binding()  # every pass binds all it reads and writes
 
     def _check_contract(self) -> None:
         """The graph's inputs and outputs must be exactly the manifest's (names, ranks, element types, sizes)."""
@@ -143,7 +146,7 @@ class ModelRunner(Runner):
     def _fork(self) -> "ModelRunner":
         """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
         buffers and IO binding: one per concurrent request. onnxruntime's ``run`` is thread-safe."""
-        return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.session,
+        return ModelRunner("", self.spec, self.provider, self.max_context, self.max_step_tokens, session=self.sessions,
                            kept_ids=self.kept_ids)
 
     def _run(self, ids, positions, mask, sliding, past) -> np.ndarray:
@@ -153,7 +156,7 @@ class ModelRunner(Runner):
         self._ids[:count] = ids
         self._positions[:count] = positions
         logits = self._logits[: count * self.logits_width].reshape(1, count, self.logits_width)
-        binding = self._binding
+        binding = self._live_binding()
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
         _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
@@ -188,13 +191,20 @@ class ModelRunner(Runner):
 
 
 def attach_session(runner, onnx_path: str, provider: str, threads: int | None, session) -> None:
-    """Give ``runner`` its onnxruntime session: ``session`` when forking (weights loaded once), else a new one
-    whose inputs/outputs are checked against the manifest."""
+    """Give ``runner`` its onnxruntime session through a ``SessionHolder``: ``session`` when forking (the holder:
+    weights loaded once; an open session: one that cannot be closed), else a new holder whose session's
+    inputs/outputs are checked against the manifest."""
     runner.provider = provider
-    runner.session = session
-    if session is None:
-        runner.session = _session(onnx_path, providers_for(provider), threads)
+    runner._binding = None
+    if isinstance(session, SessionHolder):
+        runner.sessions = session
+    elif session is not None:
+        runner.sessions = SessionHolder(None, session, runner.spec.role)
+    else:
+        runner.sessions = SessionHolder(lambda: _session(onnx_path, providers_for(provider), threads),
+                                        name=runner.spec.role)
         ModelRunner._check_contract(runner)
+    runner.sessions.attach(runner)
 
 
 def _bind(bind, name: str, array: np.ndarray) -> None:

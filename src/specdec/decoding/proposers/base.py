@@ -72,6 +72,7 @@ class ProposerResources:
     probe_budget: object = None  # the decoder's ProbeBudget for auto's draft probes (shared by its workers)
     draft_prefill_tokens: int | None = None  # prompt tokens the draft's caches lack (None: not known)
     prefill_per_token: float | None = None  # the target's measured prefill seconds per token (None: not yet)
+    draft_reopen_seconds: float = 0.0  # opening the draft's closed session again (0: it is open)
 
 
 class Proposer:

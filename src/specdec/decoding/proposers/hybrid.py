@@ -70,18 +70,21 @@ class Hybrid(Proposer):
         self.suffix.finish(output)
 
 
-def draft_prefill_loses(request, resources) -> bool:
+def draft_prefill_loses(request, resources, new_tokens: int | None = None) -> bool:
     """Whether prefilling the draft over what its caches lack would cost more than the draft can save: its
     prefill estimated from the target's measured prefill rate scaled by the draft/target step ratio
-    (``resources.draft_prefill_tokens``: the prompt tokens the draft would compute), its saving as DRAFT_SAVING of
-    the decode time of max_new_tokens target steps (the draft's measured gain over lookup alone on a 2-core CPU
-    was about 10%)."""
+    (``resources.draft_prefill_tokens``: the prompt tokens the draft would compute), plus opening its session again
+    if it was closed (``resources.draft_reopen_seconds``); its saving as DRAFT_SAVING of the decode time of
+    ``new_tokens`` (default: the request's max_new_tokens) target steps (the draft's measured gain over lookup
+    alone on a 2-core CPU was about 10%)."""
     if request.tree is not None or resources.draft_prefill_tokens is None:
         return False
     costs = resources.costs()
     per_token = resources.prefill_per_token if resources.prefill_per_token is not None else costs.verify[0] / 5
     draft_prefill = resources.draft_prefill_tokens * per_token * costs.draft_step / costs.verify[0]
-    return draft_prefill > request.max_new_tokens * costs.verify[0] * DRAFT_SAVING
+    draft_prefill += resources.draft_reopen_seconds
+    new_tokens = request.max_new_tokens if new_tokens is None else new_tokens
+    return draft_prefill > new_tokens * costs.verify[0] * DRAFT_SAVING
 
 
 PROPOSER = ProposerEntry("hybrid", Hybrid, "the default: suffix trees, the draft's chains or nothing, by expected "

@@ -257,6 +257,55 @@ def test_released_cache_pages_leave_memory_and_read_as_zeros():
     assert release_pages(np.ones(4, np.float16)) is False
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_released_slots_leave_memory_from_the_first_whole_page_and_earlier_rows_stay():
+    """release_slots from slot 40 of every KV head's region (256-byte slots: 16 a page): slots 48 on read zero and
+    leave memory, slots 0-47 keep their bytes (the page holding slots 32-47 is kept whole). A release of whole
+    regions, or none, fails."""
+    from specdec.runners.kv_store import cache_zeros, release_slots
+
+    cache = cache_zeros((4, 2, 1, 2, 2048, 128), np.float16)  # [layers, 2, 1, kv heads, slots, head_dim]
+    if cache.base is None:
+        pytest.skip("cache_zeros falls back to numpy's zeros on this platform")
+    cache[:] = 1.0
+    assert release_slots(cache, 4, 40) == 16 * 2000 * 256
+    assert (cache[..., :48, :] == 1.0).all() and not cache[..., 48:, :].any()
+    assert _resident_bytes(cache) < 16 * 48 * 256 + 2**20, _resident_bytes(cache)
+    assert release_slots(np.ones((2, 64, 8), np.float16), 1, 16) == 0
+
+
+def test_a_shorter_conversation_gives_back_the_longer_one_s_rows(monkeypatch):
+    """After a 300-token prompt, a new 40-token one: the target's rows past it are given back (read as zeros
+    again), the tokens are a fresh decoder's, and the next turn keeps every row it reuses. Without the call in
+    the decoder the cache still holds 300 rows of ones and this fails."""
+    from scripted import ScriptedRunner, scripted_decoder
+    from specdec.runners.kv_store import cache_zeros
+
+    class CachedRunner(ScriptedRunner):  # a host cache whose rows the passes write (ones)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.cache = cache_zeros((2, 2, 1, self.max_context, 1, 64), np.float32)
+
+        def _run(self, ids, positions, mask, sliding, past):
+            self.cache[:, :, :, past : past + len(ids)] = 1.0
+            return super()._run(ids, positions, mask, sliding, past)
+
+    decoder = scripted_decoder(max_context=1024, draft_runner=CachedRunner)
+    decoder.target = target = CachedRunner(decoder.target.model, 1024)
+    if target.cache.base is None:
+        pytest.skip("cache_zeros falls back to numpy's zeros on this platform")
+    long_prompt = [(j * 5 + j // 7) % 15 for j in range(300)]
+    decoder.generate(long_prompt, max_new_tokens=8, num_draft_tokens=0)
+    assert target.cache[:, :, :, 299].all() and target.rows_written >= 300
+    short = long_prompt[:40][::-1]
+    reply = decoder.generate(short, max_new_tokens=8)
+    assert not target.cache[:, :, :, 128:300].any(), "the long prompt's rows are still there"
+    assert reply.token_ids == scripted_decoder(max_context=1024).generate(short, max_new_tokens=8).token_ids
+    turn = short + reply.token_ids + [3, 4]
+    assert decoder.generate(turn, max_new_tokens=8).stats.cached_tokens >= len(short) + len(reply.token_ids) - 1
+    assert target.cache[:, :, :, : len(turn) - 1].all()  # no row it holds was given back
+
+
 def test_load_and_calibration_release_their_random_rows(tiny_bundle, monkeypatch):
     """The load's row check and the first calibration write rows no request reads: each gives the caches' pages
     back (Runner.release_cache) before any request; removing either call fails this."""

@@ -215,7 +215,10 @@ class SpeculativeDecoder:
                 self._costs = stored
             else:
                 other = OtherLoad()
-                self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
+                with ExitStack() as holds:
+                    if self.draft_sessions is not None:
+                        holds.enter_context(self.draft_sessions.held())  # timed passes: never closed under them
+                    self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
                 other_cores = other.cores()
                 for runner in filter(None, (self.target, self.draft)):
                     runner.release_cache()  # the calibration's random rows
@@ -392,6 +395,8 @@ class SpeculativeDecoder:
                 # auto hybrid: the draft reads the prompt in the first round that uses it (never the first)
                 stats.draft_cached_tokens = reuse_cache(draft, state.tokens, leave, self.prompt_cache,
                                                         compute=not proposer.lazy_draft_prefill)
+            for runner in filter(None, (self.target, self.draft)):  # an earlier, longer conversation's rows
+                runner.release_rows_from(len(state.tokens))
             stats.prefill_seconds = time.perf_counter() - started
             stats.prefill_forwards = stats.target_forwards
             stats.verify_seconds = stats.draft_seconds = 0.0

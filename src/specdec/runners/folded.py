@@ -9,7 +9,7 @@ is the pass's total rounded up to ``CHUNK`` (the bias blocks the columns past th
 once per ``CHUNK`` tokens, not per pass; a pass binds only its small inputs (ids, positions, bias, past length).
 
 Pages of the cache the OS has not been asked for stay unbacked, 4 KiB at a time (``kv_store.cache_zeros``):
-resident memory follows the longest context served, not max_context.
+resident memory follows the context in use, not max_context (``Runner.release_rows_from``).
 """
 
 from __future__ import annotations

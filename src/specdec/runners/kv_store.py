@@ -53,6 +53,31 @@ def release_pages(array: np.ndarray) -> bool:
     return True
 
 
+def release_slots(array: np.ndarray, slot_axis: int, start: int) -> int:
+    """Give back the pages of slots ``start`` on of a ``cache_zeros`` array (they read as zeros again), every
+    region of the axes before ``slot_axis`` (a layer's keys, a KV head's rows) alike; pages that also hold a slot
+    before ``start`` stay. Returns the bytes given back (0: an array not made by ``cache_zeros``)."""
+    area = cache_mapping(array)
+    if area is None or not hasattr(mmap, "MADV_DONTNEED") or not array.flags.c_contiguous:
+        return 0
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    base, page = root.ctypes.data, mmap.PAGESIZE
+    released = 0
+    for index in np.ndindex(array.shape[:slot_axis]):
+        region = array[index]  # [slots, ...] contiguous
+        if start >= region.shape[0]:
+            continue
+        low = region.ctypes.data + start * region.strides[0]
+        high = region.ctypes.data + region.nbytes
+        low, high = -(-low // page) * page, high // page * page
+        if high > low:
+            area.madvise(mmap.MADV_DONTNEED, low - base, high - low)
+            released += high - low
+    return released
+
+
 class HostKV:
     device_type = "cpu"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.contract.manifest import ModelSpec
-from specdec.runners.kv_store import release_pages
+from specdec.runners.kv_store import release_pages, release_slots
 from specdec.runners.masks import ancestor_matrix, chain_parents, fill_masks
 from specdec.runners.vocab_map import expand_logits_into
 
@@ -58,6 +58,7 @@ class Runner:
         # bit. A tree node's row masks columns mid-row, which can round differently: never reused by another request
         self.slot_exact = np.zeros(max_context, dtype=bool)
         self.forward_count = 0
+        self.rows_written = 0  # slots any pass wrote since the cache was last emptied (a high-water mark)
         self._mask = np.zeros(max_step_tokens * max_context, dtype=bool)
         self._sliding = np.zeros_like(self._mask) if spec.has_sliding_mask else None
 
@@ -126,6 +127,7 @@ class Runner:
         self.slot_ids[past:total] = ids
         self.slot_exact[past:total] = True if parents is None and visible_past is None else _chain_rows(visible, visible_past)
         self.forward_count += 1
+        self.rows_written = max(self.rows_written, total)
         return logits
 
     def commit(self, count: int) -> None:
@@ -163,6 +165,19 @@ class Runner:
         self.reset()
         for array in self._host_kv():
             release_pages(array)
+        self.rows_written = 0
+
+    def release_rows_from(self, start: int) -> int:
+        """Give back the host pages of slots from ``start`` (never below ``length``) that earlier passes wrote:
+        a shorter conversation after a long one leaves the long one's rows resident otherwise (a 32k-token
+        context: 0.9 GiB of the 1.5B target's fp16 cache). No valid slot changes; a slot written again is backed
+        again. Returns the bytes given back."""
+        start = max(start, self.length)
+        if self.rows_written <= start:
+            return 0
+        released = sum(release_slots(array, self._slot_axis, start) for array in self._host_kv())
+        self.rows_written = start
+        return released
 
     def _host_kv(self) -> tuple:
         """The host arrays that hold this runner's keys/values (none: a device cache or no cache)."""

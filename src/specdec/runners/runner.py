@@ -232,6 +232,7 @@ class Runner:
         self.slot_positions[:count] = np.arange(count)
         self.slot_exact[:count] = True
         self.length = count
+        self.rows_written = max(self.rows_written, count)
 
     def held_prefix(self, token_ids) -> int:
         """The number of leading ``token_ids`` whose keys/values this cache holds, each at its own position,

@@ -5,13 +5,13 @@ the draft, because its prefill over the pasted files costs more than it saves (`
 0.5B draft's packed weights and buffers are 0.38 GiB of the 1.5B pair's 2.0 GiB (measured: 2-core Xeon,
 onnxruntime 1.32). ``SessionHolder.close`` frees the session. Runners drop their IO bindings first, and the
 freed heap goes back to the OS (``resident.trim_heap``). The next pass of any runner on the holder opens the
-session again (``get``) and binds anew, in 1.6 s on that machine (``open_seconds``: the decoder prices it like
-the draft's catch-up). Output cannot change: the session is made again from the same file with the same
+session again (``get``) and binds anew, in 0.8-1.5 s on that machine (``open_seconds``: the decoder prices it
+like the draft's catch-up). Output cannot change: the session is made again from the same file with the same
 options, and the caches are the runners' own (untouched).
 
 Who holds it: a request whose proposer runs the draft holds the session for the whole request
-(``held``), so ``close`` never frees a session a thread is running or is about to run again next round;
-``close`` then does nothing and says so. Boundary: no policy here (the decoder decides when to close).
+(``held``), so ``close`` never frees a session a thread is running or is about to run again next round:
+``close`` then does nothing and returns False. Boundary: no policy here (the decoder decides when to close).
 """
 
 from __future__ import annotations

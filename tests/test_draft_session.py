@@ -137,3 +137,18 @@ def test_closed_and_opened_again_a_real_draft_decodes_the_same_tokens(tiny_bundl
     assert sessions.is_open and sessions.opens == 2 and after.stats.draft_forwards > 0
     assert after.token_ids == before.token_ids and after.stats.accepted == before.stats.accepted
     assert worker.generate(prompt, **mode).token_ids == before.token_ids
+
+
+def test_metrics_say_whether_the_draft_s_session_is_in_memory(monkeypatch):
+    """/metrics' gauge and counter follow the shared session: 1 and 0 closes, then 0 and 1 after a long context."""
+    from types import SimpleNamespace
+
+    from specdec.serving.metrics import Metrics
+
+    decoder = _decoder(monkeypatch)
+    pool = SimpleNamespace(decoder=decoder, waiting=0, busy=0, options=SimpleNamespace(workers=1), cancelled_jobs=0)
+    text = Metrics().render(pool)
+    assert "specdec_draft_session_open 1" in text and "specdec_draft_session_closes_total 0" in text
+    decoder.generate(_prompt(900), max_new_tokens=20)
+    text = Metrics().render(pool)
+    assert "specdec_draft_session_open 0" in text and "specdec_draft_session_closes_total 1" in text

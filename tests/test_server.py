@@ -95,6 +95,7 @@ def test_models_health_metrics(served):
     text = httpx.get(f"{url}/metrics").text
     assert "# TYPE specdec_queue_depth gauge" in text and "specdec_workers 2" in text
     assert "# TYPE specdec_suffix_cache_tokens gauge" in text  # the default suffix store, shared by the workers
+    assert "specdec_draft_session_open 1" in text and "specdec_draft_session_closes_total 0" in text
 
 
 def test_openai_client_chat_equals_in_process(client, decoder):

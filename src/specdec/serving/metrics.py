@@ -79,6 +79,12 @@ class Metrics:
                 if key in stats:
                     suffix = "_total" if kind == "counter" else ""
                     metric(f"specdec_prompt_cache_{key}{suffix}", kind, help_text, [("", stats[key])])
+        sessions = getattr(pool.decoder, "draft_sessions", None)
+        if sessions is not None:  # closed on contexts too long for the draft to pay (runners/sessions.py)
+            metric("specdec_draft_session_open", "gauge", "1 while the draft's session (its weights) is in memory",
+                   [("", int(sessions.is_open))])
+            metric("specdec_draft_session_closes_total", "counter",
+                   "times the draft's session was closed on a context too long for it to pay", [("", sessions.closes)])
         suffix_cache = getattr(pool.decoder, "suffix_cache", None)
         if suffix_cache is not None:  # specdec serve --suffix-cache
             stats = suffix_cache.stats()

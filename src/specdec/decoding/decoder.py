@@ -385,8 +385,7 @@ class SpeculativeDecoder:
                                                    len(state.tokens))
             stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
             self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
-            resources = self._resources(draft, state.tokens, leave)
-            proposer = make_proposer(request, resources)
+            proposer = make_proposer(request, self._resources(draft, state.tokens, leave))
             stats.draft_skipped = getattr(proposer, "draft_skipped", False)
             uses_draft = proposer.uses_draft_model
             if uses_draft and self.draft_sessions is not None:

@@ -49,10 +49,6 @@ class SessionHolder:
     def is_open(self) -> bool:
         return self._session is not None
 
-    @property
-    def closable(self) -> bool:
-        return self._open is not None
-
     def attach(self, runner) -> None:
         """``runner`` binds from this session: ``close`` makes it drop its binding (``drop_binding``)."""
         with self._lock:

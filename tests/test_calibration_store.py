@@ -78,19 +78,62 @@ def test_other_load_is_none_without_proc_stat(tmp_path):
     assert OtherLoad(str(tmp_path / "missing")).cores() is None
 
 
-@pytest.mark.parametrize("other_cores, stored", [(0.02, True), (0.5, False)])
-def test_costs_measured_on_a_busy_cpu_serve_the_process_and_are_not_stored(tiny_bundle, monkeypatch, tmp_path,
-                                                                          other_cores, stored, caplog):
-    """Another process using half a core while costs are measured (a stored c(2) equal to c(1) once came from
-    such a run): the decoder keeps them, the file does not (storing regardless fails the busy case)."""
+def test_costs_measured_on_a_busy_cpu_are_stored_as_noisy_and_refined_when_quiet(tiny_bundle, monkeypatch, tmp_path):
+    """Another process using half a core while costs are measured (a stored c(2) equal to c(1) once came from such
+    a run): they are stored and used, so a later start does not measure again, but marked noisy; a quiet
+    measurement replaces them, a noisier one never replaces a quieter one, and a stopped one changes nothing."""
     from specdec import SpeculativeDecoder
     from specdec.decoding import decoder as decoder_module
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(decoder_module.OtherLoad, "cores", lambda self: other_cores)
+    load = {"cores": 0.5}
+    monkeypatch.setattr(decoder_module.OtherLoad, "cores", lambda self: load["cores"])
     decoder = SpeculativeDecoder.load(tiny_bundle)
-    with caplog.at_level("WARNING", logger="specdec.decoding.decoder"):
-        costs = decoder.costs()
-    assert costs.verify[0] > 0 and decoder.costs() is costs
-    assert (tmp_path / "pass-costs.json").is_file() == stored
-    assert ("not stored" in caplog.text) == (not stored)
+    costs = decoder.costs()
+    assert costs.verify[0] > 0 and decoder.costs() is costs and decoder.costs_noisy
+    assert (tmp_path / "pass-costs.json").is_file()
+    again = SpeculativeDecoder.load(tiny_bundle)
+    monkeypatch.setattr(decoder_module, "calibrate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    assert again.costs() == costs and again.costs_noisy  # read: a later start does not measure
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(decoder_module.OtherLoad, "cores", lambda self: load["cores"])
+    assert again.refine_costs(stop=lambda: True) is None and again.costs_noisy  # stopped: nothing changed
+    load["cores"] = 0.9
+    assert again.refine_costs() is None and again.costs_noisy  # noisier: kept the first
+    load["cores"] = 0.01
+    refined = again.refine_costs()
+    assert refined is not None and not again.costs_noisy and again.refine_costs() is None
+    third = SpeculativeDecoder.load(tiny_bundle)
+    assert third.costs() == refined and not third.costs_noisy
+    load["cores"] = 0.7  # a busy measurement never replaces a quiet entry
+    from specdec.decoding.calibration_store import load_costs, save_costs
+    assert not save_costs(third._calibration_key, costs, other_cores=0.7)
+    assert load_costs(third._calibration_key) == refined
+
+
+def test_an_idle_pool_refines_noisy_costs_for_every_worker(tiny_bundle, monkeypatch, tmp_path):
+    import time
+
+    from specdec import SpeculativeDecoder
+    from specdec.decoding import decoder as decoder_module
+    from specdec.serving import pool as pool_module
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    load = {"cores": 0.5}
+    monkeypatch.setattr(decoder_module.OtherLoad, "cores", lambda self: load["cores"])
+    monkeypatch.setattr(pool_module, "IDLE_BEFORE_REFINE", 0.3)
+    monkeypatch.setattr(pool_module, "REFINE_POLL", 0.05)
+    decoder = SpeculativeDecoder.load(tiny_bundle, kv_caches=2)
+    decoder.costs()
+    pool = pool_module.DecoderPool(decoder, pool_module.PoolOptions(workers=2))
+    try:
+        assert all(worker.costs_noisy for worker in pool.decoders)
+        load["cores"] = 0.0
+        deadline = time.monotonic() + 60
+        while any(worker.costs_noisy for worker in pool.decoders) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(worker.costs_noisy for worker in pool.decoders)
+        assert pool.decoders[1].costs() == decoder.costs()
+    finally:
+        pool.close()

@@ -36,9 +36,9 @@ def test_demo_bad_options_are_one_line(capsys, tmp_path):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_demo_explains_a_rounding_cpu_and_takes_exact_rows(chat_bundle, capsys, monkeypatch):
-    """On a CPU whose one-row pass rounds otherwise the demo says why a mode may read NO and names --exact-rows;
-    with the flag the target's one-token passes are padded."""
+def test_demo_explains_a_rounding_cpu_and_takes_exact_rows(chat_bundle, capsys, monkeypatch, tmp_path):
+    """On a CPU whose one-row pass rounds otherwise the demo pads one-token passes and says so; with
+    --no-exact-rows it does not, and says why a mode may read NO."""
     from specdec.decoding import decoder as decoder_module
 
     loaded = []
@@ -52,6 +52,10 @@ def test_demo_explains_a_rounding_cpu_and_takes_exact_rows(chat_bundle, capsys, 
     argv = ["demo", "--bundle", str(chat_bundle), "--max-new-tokens", "4", "--repeat", "1"]
     assert main(argv + ["--exact-rows"]) == 0
     assert loaded[-1].target.pad_one_row and "--exact-rows keeps" not in capsys.readouterr().out
-    monkeypatch.setattr(decoder_module, "check_one_row", lambda runner: False)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "rounding"))  # this CPU's stored row checks do not apply
+    monkeypatch.setattr(decoder_module, "row_gaps", lambda runner: {"one_row": 0.25, "two_rows": 0.0,
+                                                                    "argmax_equal": True})
     assert main(argv) == 0
-    assert not loaded[-1].target.pad_one_row and "--exact-rows keeps" in capsys.readouterr().out
+    assert loaded[-1].target.pad_one_row and "ran as two rows" in capsys.readouterr().out
+    assert main(argv + ["--no-exact-rows"]) == 0
+    assert not loaded[-1].target.pad_one_row and "without --no-exact-rows" in capsys.readouterr().out

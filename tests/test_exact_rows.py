@@ -95,22 +95,55 @@ def test_greedy_speculation_equals_target_only_on_a_rounding_cpu_only_with_paddi
     assert all(outputs(pad=True))
 
 
-def test_load_pads_forks_keep_it_and_calibrations_are_kept_apart(tiny_bundle, monkeypatch, caplog):
+def test_load_pads_forks_keep_it_and_calibrations_are_kept_apart(tiny_bundle, monkeypatch, caplog, tmp_path):
     from specdec import SpeculativeDecoder
     from specdec.decoding import decoder as decoder_module
 
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     exact = SpeculativeDecoder.load(tiny_bundle, exact_rows=True)
     assert exact.target.pad_one_row and exact.rows_exact and exact.fork().target.pad_one_row
     assert not exact.draft.pad_one_row and not exact.fork().draft.pad_one_row  # only the target's rows matter
     plain = SpeculativeDecoder.load(tiny_bundle)
-    assert not plain.target.pad_one_row and plain.rows_exact is not None
+    assert not plain.target.pad_one_row and plain.rows_exact is True  # this CPU's tiny rows agree: no padding
     assert exact._calibration_key != plain._calibration_key  # a padded one-token pass costs a two-token one
     with pytest.raises(ValueError, match="exact_rows"):
         SpeculativeDecoder.load(tiny_bundle, exact_rows="yes")
-    monkeypatch.setattr(decoder_module, "check_one_row", lambda runner: False)
+    # a CPU whose one-row pass rounds otherwise (the checks a first load stores, as an AVX2 EPYC's read)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "rounding"))
+    monkeypatch.setattr(decoder_module, "row_gaps", lambda runner: {"one_row": 0.25, "two_rows": 0.0,
+                                                                    "argmax_equal": True})
+    with caplog.at_level(logging.INFO, logger="specdec.decoding.decoder"):
+        rounding = SpeculativeDecoder.load(tiny_bundle)  # the default: exact, by padding
+    assert rounding.target.pad_one_row and rounding.rows_exact is True and "--no-exact-rows" in caplog.text
+    assert rounding.fork().target.pad_one_row
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="specdec.decoding.decoder"):
-        rounding = SpeculativeDecoder.load(tiny_bundle)
-    assert rounding.rows_exact is False and "--exact-rows" in caplog.text
+        fast = SpeculativeDecoder.load(tiny_bundle, exact_rows=False)
+    assert not fast.target.pad_one_row and fast.rows_exact is False and "parts" not in caplog.text
+    assert "may part from target-only" in caplog.text
+
+
+def test_row_checks_are_measured_once_per_machine(tiny_bundle, monkeypatch, tmp_path):
+    """A second load reads the first one's row checks (and exact width) from the store: nothing measured twice;
+    another CPU (its flags) measures its own."""
+    from specdec import SpeculativeDecoder
+    from specdec.decoding import calibration_store
+    from specdec.decoding import decoder as decoder_module
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    calls = []
+    measured_gaps, measured_width = decoder_module.row_gaps, decoder_module.exact_width
+    monkeypatch.setattr(decoder_module, "row_gaps", lambda runner: calls.append("gaps") or measured_gaps(runner))
+    monkeypatch.setattr(decoder_module, "exact_width", lambda runner: calls.append("width") or measured_width(runner))
+    first = SpeculativeDecoder.load(tiny_bundle)
+    assert calls == ["gaps", "width"] and (tmp_path / "row-checks.json").is_file()
+    second = SpeculativeDecoder.load(tiny_bundle)
+    assert calls == ["gaps", "width"]  # read, not measured
+    assert (second.rows_exact, second.target.exact_width, second.target.pad_one_row) == (
+        first.rows_exact, first.target.exact_width, first.target.pad_one_row)
+    monkeypatch.setattr(calibration_store, "cpu_flags_digest", lambda: "another-cpu")
+    SpeculativeDecoder.load(tiny_bundle)
+    assert calls == ["gaps", "width"] * 2
 
 
 def test_the_flag_reaches_every_load_path():
@@ -121,8 +154,12 @@ def test_the_flag_reaches_every_load_path():
 
     parser = argparse.ArgumentParser()
     add_load_args(parser)
-    assert parser.parse_args(["--exact-rows"]).exact_rows and not parser.parse_args([]).exact_rows
+    assert parser.parse_args(["--exact-rows"]).exact_rows is True and parser.parse_args([]).exact_rows is None
+    assert parser.parse_args(["--no-exact-rows"]).exact_rows is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--exact-rows", "--no-exact-rows"])
     assert LoadOptions(exact_rows=True).load_kwargs()["exact_rows"] is True
+    assert LoadOptions(exact_rows=False).load_kwargs()["exact_rows"] is False
     assert "exact_rows" not in LoadOptions().load_kwargs()
 
 

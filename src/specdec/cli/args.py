@@ -55,7 +55,11 @@ def add_load_args(parser: argparse.ArgumentParser) -> None:
                              "the choice is logged)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")
-    parser.add_argument("--exact-rows", action="store_true",
-                        help="run the target's one-token passes as two rows: greedy speculation stays token-identical "
-                             "to target-only on CPUs whose one-row int4 kernel rounds differently (a warning at load "
-                             "says so), at a two-token pass's cost per one-token pass")
+    rows = parser.add_mutually_exclusive_group()
+    rows.add_argument("--exact-rows", dest="exact_rows", action="store_const", const=True, default=None,
+                      help="always run the target's one-token passes as two rows (default: only on a CPU whose "
+                           "one-row int4 kernel rounds unlike the multi-row one, found at load, so greedy "
+                           "speculation stays token-identical to target-only)")
+    rows.add_argument("--no-exact-rows", dest="exact_rows", action="store_const", const=False,
+                      help="never: one-token passes as one row even where they round otherwise (faster there; greedy "
+                           "speculation may then part from target-only on near-ties)")

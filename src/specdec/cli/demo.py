@@ -69,8 +69,11 @@ def add_demo_parser(commands) -> None:
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--repeat", type=int, default=2, help="timed runs per task and mode (default 2)")
     demo.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
-    demo.add_argument("--exact-rows", action="store_true",
-                      help="one-token passes as two rows: every mode's greedy tokens equal on any CPU (see generate)")
+    rows = demo.add_mutually_exclusive_group()
+    rows.add_argument("--exact-rows", dest="exact_rows", action="store_const", const=True, default=None,
+                      help="always run one-token passes as two rows (default: where this CPU needs it; see generate)")
+    rows.add_argument("--no-exact-rows", dest="exact_rows", action="store_const", const=False,
+                      help="never: faster where one-token passes round otherwise, modes may then differ on near-ties")
 
 
 def _tasks(decoder) -> list:
@@ -138,6 +141,9 @@ def cmd_demo(args) -> int:
           f"{os.cpu_count()} CPUs{'' if args.threads is None else f', {args.threads} threads'})")
     if decoder.rows_exact is False:
         print("(on this CPU a one-token int4 pass rounds unlike a row of a wider pass, so a mode marked NO is a greedy "
-              "decoding that parted from target-only's on a near-tie; --exact-rows keeps every mode's tokens equal, "
-              "at a two-token pass's cost per one-token pass)")
+              "decoding that parted from target-only's on a near-tie; without --no-exact-rows every mode's tokens are "
+              "equal, at a two-token pass's cost per one-token pass)")
+    elif decoder.target.pad_one_row and args.exact_rows is None:
+        print("(on this CPU a one-token int4 pass rounds unlike a row of a wider pass: one-token passes ran as two rows "
+              "so that every mode's greedy tokens equal target-only's)")
     return 0

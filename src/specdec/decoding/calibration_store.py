@@ -1,18 +1,26 @@
-"""Measured pass costs on disk, so ``auto`` calibrates once per machine, not once per process or worker.
+"""What a load measures on this machine, on disk, so it is measured once per machine, not once per process or worker.
 
-An entry is keyed by everything the costs depend on: the bundle's identity (the hash of its manifest,
-which hashes every file), the CPU model, the onnxruntime version, the provider, the thread count and the
-calibration's shape. A later process with the same key starts ``auto`` at once. A file that is missing,
-malformed or of another layout is ignored (and rewritten on the next save); a wrong entry is dropped.
+Two stores, each keyed by everything its values depend on: the bundle's identity (the hash of its manifest,
+which hashes every file), the CPU (model name and instruction-set flags: two VMs named alike can dispatch other
+kernels), the onnxruntime version, the provider and the thread count.
 
-Costs measured while other processes used the CPU are not stored (``OtherLoad``): they are the machine's costs
-under that load, right for the process that measured them, wrong for every later one. On a 2-core VM a busy
-loop beside the calibration made a one-token pass 2.3x dearer and a two-token pass 1.9x, so the stored c(2)
-equalled c(1) and ``auto`` ran one-token drafts on prose where they lose.
+- ``pass-costs.json``: ``auto``'s measured pass costs (key also the calibration's shape). Each entry records the
+  CPU other processes used while it was measured (``OtherLoad``). An entry measured beside other work is still
+  stored and used, so a later start never measures again, but it is marked ``noisy``: on a 2-core VM a busy loop
+  beside the calibration made a one-token pass 2.3x dearer and a two-token pass 1.9x, so c(2) came out equal to
+  c(1) and ``auto`` ran one-token drafts on prose where they lose. A noisy entry is replaced by the next
+  measurement made on a quieter CPU (``SpeculativeDecoder.refine_costs``, which a server runs while it is idle);
+  a quiet entry is never replaced by a noisier one.
+- ``row-checks.json``: whether the target's one-token pass rounds as a row of a wider pass and the widest pass
+  whose rows equal a narrow pass's (runners/row_parity.py): facts of the kernels, not of the load beside them.
+
+A file that is missing, malformed or of another layout is ignored (and rewritten on the next save); a wrong entry
+is dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,7 +34,11 @@ from specdec.decoding.cost_model import Costs
 
 log = logging.getLogger(__name__)
 FILE_NAME = "pass-costs.json"
-LAYOUT = 3  # 2: the costs' growth with the context (verify_slope, draft_slope); 3: measured on a quiet CPU (OtherLoad)
+ROWS_FILE_NAME = "row-checks.json"
+# 2: the costs' growth with the context (verify_slope, draft_slope); 3: measured on a quiet CPU (OtherLoad);
+# 4: every entry with the other processes' cores it was measured beside (noisy ones kept, replaced when quieter)
+LAYOUT = 4
+ROWS_LAYOUT = 1
 # the CPU other processes may have used while costs were measured (cores, on average) for the costs to be stored:
 # a quiet 2-core VM shows 0.01; a busy loop beside the calibration 0.65; one busy half the time 0.28
 OTHER_CORES_LIMIT = 0.1
@@ -73,46 +85,104 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int,
-                    one_row_padded: bool = False) -> str:
+def cpu_flags_digest() -> str:
+    """A short hash of the first CPU's instruction-set flags (/proc/cpuinfo), "" where there are none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                return hashlib.sha256(flags.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return ""
+
+
+def machine_key(bundle_identity: str, provider: str, threads: int | None, **more) -> str:
+    """The key of what was measured for ``bundle_identity`` on this CPU, onnxruntime, provider and thread count."""
     import onnxruntime
 
-    key = {"bundle": bundle_identity, "cpu": cpu_model(), "onnxruntime": onnxruntime.__version__,
-           "provider": provider, "threads": threads or os.cpu_count(), "max_tokens": max_tokens, "context": context}
-    if one_row_padded:  # exact_rows: a one-token pass costs a two-token one (keys without it stay as they were)
-        key["one_row_padded"] = True
+    key = {"bundle": bundle_identity, "cpu": cpu_model(), "cpu_flags": cpu_flags_digest(),
+           "onnxruntime": onnxruntime.__version__, "provider": provider, "threads": threads or os.cpu_count(), **more}
     return json.dumps(key, sort_keys=True)
 
 
-def _read(path: Path) -> dict:
+def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int,
+                    one_row_padded: bool = False) -> str:
+    # exact_rows: a padded one-token pass costs a two-token one (keys without it stay as they were)
+    more = {"one_row_padded": True} if one_row_padded else {}
+    return machine_key(bundle_identity, provider, threads, max_tokens=max_tokens, context=context, **more)
+
+
+def _read(path: Path, layout: int = LAYOUT) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("layout") != LAYOUT or not isinstance(data.get("entries"), dict):
+    if not isinstance(data, dict) or data.get("layout") != layout or not isinstance(data.get("entries"), dict):
         return {}
     return data["entries"]
 
 
-def load_costs(key: str, path: Path | None = None) -> Costs | None:
-    entry = _read(path or cache_dir() / FILE_NAME).get(key)
-    try:
-        return Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]),
-                     context=int(entry["context"]), verify_slope=tuple(float(v) for v in entry["verify_slope"]),
-                     draft_slope=float(entry["draft_slope"]))
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def save_costs(key: str, costs: Costs, path: Path | None = None) -> None:
-    path = path or cache_dir() / FILE_NAME
-    entries = _read(path)
-    entries[key] = {"draft_step": costs.draft_step, "verify": list(costs.verify), "context": costs.context,
-                    "verify_slope": list(costs.verify_slope), "draft_slope": costs.draft_slope}
+def _write(path: Path, layout: int, entries: dict, what: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
-            json.dump({"layout": LAYOUT, "entries": entries}, handle, indent=1)
+            json.dump({"layout": layout, "entries": entries}, handle, indent=1)
         os.replace(handle.name, path)  # atomic: a concurrent reader sees the old file or the new one
     except OSError as exc:
-        log.warning("could not save measured pass costs to %s: %s", path, exc)
+        log.warning("could not save %s to %s: %s", what, path, exc)
+
+
+def _other_cores(entry) -> float:
+    value = entry.get("other_cores") if isinstance(entry, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+
+
+def load_costs(key: str, path: Path | None = None) -> Costs | None:
+    return load_costs_entry(key, path)[0]
+
+
+def load_costs_entry(key: str, path: Path | None = None) -> tuple[Costs | None, float]:
+    """(the stored costs or None, the other processes' cores they were measured beside)."""
+    entry = _read(path or cache_dir() / FILE_NAME).get(key)
+    try:
+        costs = Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]),
+                      context=int(entry["context"]), verify_slope=tuple(float(v) for v in entry["verify_slope"]),
+                      draft_slope=float(entry["draft_slope"]))
+    except (TypeError, KeyError, ValueError):
+        return None, 0.0
+    return costs, _other_cores(entry)
+
+
+def save_costs(key: str, costs: Costs, path: Path | None = None, other_cores: float = 0.0) -> bool:
+    """Store ``costs`` measured beside ``other_cores`` of other processes' work, unless a stored entry was measured
+    on a quieter CPU; returns whether they were stored."""
+    path = path or cache_dir() / FILE_NAME
+    entries = _read(path)
+    if key in entries and load_costs(key, path) is not None and _other_cores(entries[key]) < other_cores:
+        return False
+    entries[key] = {"draft_step": costs.draft_step, "verify": list(costs.verify), "context": costs.context,
+                    "verify_slope": list(costs.verify_slope), "draft_slope": costs.draft_slope,
+                    "other_cores": round(float(other_cores), 3)}
+    _write(path, LAYOUT, entries, "measured pass costs")
+    return True
+
+
+def load_row_checks(key: str, path: Path | None = None) -> dict | None:
+    """The stored row checks (``{"one_row": gap, "two_rows": gap, "exact_width": int | None}``) or None."""
+    entry = _read(path or cache_dir() / ROWS_FILE_NAME, ROWS_LAYOUT).get(key)
+    if not isinstance(entry, dict):
+        return None
+    gaps, width = (entry.get("one_row"), entry.get("two_rows")), entry.get("exact_width")
+    if not all(isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0 for g in gaps):
+        return None
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        return None
+    return {"one_row": float(gaps[0]), "two_rows": float(gaps[1]), "exact_width": width}
+
+
+def save_row_checks(key: str, checks: dict, path: Path | None = None) -> None:
+    path = path or cache_dir() / ROWS_FILE_NAME
+    entries = _read(path, ROWS_LAYOUT)
+    entries[key] = {"one_row": checks["one_row"], "two_rows": checks["two_rows"], "exact_width": checks["exact_width"]}
+    _write(path, ROWS_LAYOUT, entries, "row checks")

@@ -275,14 +275,21 @@ def fill_context(runner, context: int) -> None:
         runner.commit(count)
 
 
-def time_passes(runner, widths, repeats: int) -> list:
+class CalibrationStopped(RuntimeError):
+    """``calibrate``'s ``stop`` said to stop (a request arrived while an idle server measured again)."""
+
+
+def time_passes(runner, widths, repeats: int, stop=None) -> list:
     """Median seconds of a pass of each of ``widths`` new tokens after the runner's committed slots (nothing
     is committed: every pass overwrites the same rows). The widths take turns, ``repeats`` rounds, so a burst
-    of load on a shared machine lands on every width alike instead of on the one being timed."""
+    of load on a shared machine lands on every width alike instead of on the one being timed. ``stop``: a
+    function asked before each pass; when it returns true, CalibrationStopped is raised."""
     start = runner.length
     times = [[] for _ in widths]
     for _ in range(repeats):
         for index, tokens in enumerate(widths):
+            if stop is not None and stop():
+                raise CalibrationStopped("stopped")
             begin = time.perf_counter()
             runner.forward([0] * tokens, range(start, start + tokens))
             times[index].append(time.perf_counter() - begin)
@@ -296,12 +303,12 @@ def monotone(verify) -> tuple:
 
 
 def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CONTEXT, repeats: int = 5,
-              deep_context: int = DEEP_CONTEXT) -> Costs:
+              deep_context: int = DEEP_CONTEXT, stop=None) -> Costs:
     """Measure this machine's costs on the loaded runners (draft may be None), at ``context`` cached tokens, and
     their growth up to ``deep_context`` (when the caches hold it and the runners can take a cache's rows).
 
     Widths 1..9 are timed each; wider ones (suffix trees verify up to ``max_tokens``) at 17 and 33, the
-    rest interpolated linearly between them."""
+    rest interpolated linearly between them. ``stop``: asked before each timed pass (``time_passes``)."""
     context = min(context, target.max_context - max_tokens - 1)
     widths = calibration_widths(max_tokens)
     runners = [runner for runner in (target, draft) if runner is not None]
@@ -310,8 +317,8 @@ def calibrate(target, draft, max_tokens: int = 9, context: int = CALIBRATION_CON
 
     def timed_at(runner, fill, wanted) -> list:
         fill(runner)
-        time_passes(runner, wanted, 1)  # warm-up (first runs allocate)
-        return time_passes(runner, wanted, repeats)
+        time_passes(runner, wanted, 1, stop)  # warm-up (first runs allocate)
+        return time_passes(runner, wanted, repeats, stop)
 
     try:
         shallow = lambda runner: fill_context(runner, context)  # noqa: E731

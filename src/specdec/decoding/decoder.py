@@ -30,8 +30,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
-from specdec.decoding.calibration_store import OTHER_CORES_LIMIT, OtherLoad, calibration_key, load_costs, save_costs
-from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, ProbeBudget, calibrate
+from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, calibration_key, load_costs_entry,
+                                                load_row_checks, machine_key, save_costs, save_row_checks)
+from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
 from specdec.runners.fused import make_runner
 from specdec.decoding.prompt_cache import PromptCache
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK
@@ -48,7 +49,7 @@ from specdec.runners.runner import RUNNER_BACKENDS
 from specdec.decoding.text import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
 from specdec.runners.resident import release_after_load, trim_heap
-from specdec.runners.row_parity import check_one_row, exact_width
+from specdec.runners.row_parity import DEEP, WIDTHS, exact_width, row_gaps
 from specdec.runners.timing import TimedRunner
 from specdec.runners.vocab_map import load_kept_ids
 
@@ -78,6 +79,7 @@ class SpeculativeDecoder:
         self.limits = Limits(manifest.target.vocab_size, self.max_context, draft is not None, self.eos_ids)
         self._busy = threading.Lock()
         self._costs = costs
+        self._costs_other_cores = 0.0  # the CPU other processes used while self._costs were measured
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
         # what auto's draft probes may spend, earned by requests that may run the draft (shared by every fork)
@@ -97,7 +99,7 @@ class SpeculativeDecoder:
     @classmethod
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
              verify: bool = True, cache_ram_mib: float = 0,
-             suffix_cache_mib: float = DEFAULT_CACHE_MIB, exact_rows: bool = False,
+             suffix_cache_mib: float = DEFAULT_CACHE_MIB, exact_rows: bool | None = None,
              kv_caches: int = 1) -> "SpeculativeDecoder":
         """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
 
@@ -109,14 +111,15 @@ class SpeculativeDecoder:
         snapshots of recent prefixes of both models that a later request sharing a prefix restores by one copy.
         ``suffix_cache_mib``: the store of recent requests' outputs that suffix proposals search, shared by every
         fork (4 bytes a token; oldest outputs dropped first; 0: each request matches only its own text).
-        ``exact_rows``: run the target's one-token passes as two rows, so that greedy speculation stays
-        token-identical to target-only decoding on CPUs whose one-row int4 kernel rounds unlike the multi-row
-        one (a one-token pass then costs a two-token one: 1.2-1.3x on a 2-core AVX2 CPU). Off, such a CPU is
-        detected at load and logged (``rows_exact`` False): outputs are then greedy decodings of the same int4
-        weights that may part from target-only's on near-ties.
+        ``exact_rows``: whether the target's one-token passes run as two rows, so that greedy speculation stays
+        token-identical to target-only decoding on CPUs whose one-row int4 kernel rounds unlike the multi-row one
+        (a one-token pass then costs a two-token one: 1.2-1.3x on a 2-core AVX2 CPU). None (the default): where
+        the load's check finds this CPU's one-token pass rounding unlike a verify row (checked once per machine
+        and stored: decoding/calibration_store.py); True: always; False: never (outputs are then greedy
+        decodings of the same int4 weights that may part from target-only's on near-ties; logged).
         """
-        if not isinstance(exact_rows, bool):
-            raise ValueError(f"exact_rows must be true or false, got {exact_rows!r}")
+        if exact_rows is not None and not isinstance(exact_rows, bool):
+            raise ValueError(f"exact_rows must be true, false or None (auto), got {exact_rows!r}")
         for name, value in (("cache_ram_mib", cache_ram_mib), ("suffix_cache_mib", suffix_cache_mib)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -149,24 +152,19 @@ class SpeculativeDecoder:
                                   kept_ids=load_kept_ids(root, spec))
                 for role, spec in reversed(manifest.models().items())
             }
-        runners["target"].pad_one_row = exact_rows
-        # onnxruntime's CPU kernels are what was measured; a GPU's 1- and 2-row GEMMs are another matter (never run)
-        rows_exact = check_one_row(runners["target"]) if provider == "cpu" else None
-        if rows_exact is False:
-            log.warning("on this CPU a one-token pass of the target rounds unlike a row of a wider pass: greedy "
-                        "speculation may part from target-only decoding on near-ties (exact_rows=True / "
-                        "--exact-rows runs one-token passes as two rows and keeps it exact)")
-        if provider == "cpu":  # the target's rows only: the draft's choose proposals, never the output
-            width = exact_width(runners["target"])
+        identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        checks = _row_checks(runners["target"], identity, provider, threads) if provider == "cpu" else None
+        rows_exact, pad = _one_row_choice(checks, exact_rows)
+        runners["target"].pad_one_row = pad
+        if checks is not None:
+            width = checks["exact_width"]
             runners["target"].exact_width = width
-            runners["target"].release_cache()  # the check's random rows
             if width is not None and width < PREFILL_CHUNK:
                 log.info("target passes of more than %d tokens round unlike narrower ones on this CPU: prefill "
                          "chunks and verify passes stay within %d tokens (outputs unchanged by the cache)", width, width)
         codec = TextCodec(inside(root, manifest.tokenizer_file))
-        identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, exact_rows)
+        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, pad)
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
         decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
                       calibration_key=key, suffix_cache=suffix, identity=identity)
@@ -186,6 +184,7 @@ class SpeculativeDecoder:
                                     self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget,
                                     self.identity)
         forked.rows_exact = self.rows_exact
+        forked._costs_other_cores = self._costs_other_cores
         forked.context_reason = self.context_reason
         forked.closes_draft = self.closes_draft
         return forked
@@ -205,31 +204,74 @@ class SpeculativeDecoder:
 
     def _measured_costs(self) -> Costs:
         """Costs measured once per machine: from the on-disk store when a process with the same bundle, CPU,
-        onnxruntime, provider and threads measured them (decoding/calibration_store.py), else now (and saved, unless
-        other processes used the CPU meanwhile)."""
+        onnxruntime, provider and threads measured them (decoding/calibration_store.py), else now, and stored with
+        the CPU other processes used meanwhile (costs measured beside other work are used and stored all the same,
+        marked noisy: ``refine_costs`` measures them again when the machine is quiet)."""
         if self._costs is None:
             key = self._calibration_key
-            stored = load_costs(key) if key is not None else None
+            stored, other_cores = load_costs_entry(key) if key is not None else (None, 0.0)
             if stored is not None and len(stored.verify) == CALIBRATED_WIDTH and (
                     self.draft is None or stored.draft_step > 0):
-                self._costs = stored
+                self._costs, self._costs_other_cores = stored, other_cores
             else:
-                other = OtherLoad()
-                with ExitStack() as holds:
-                    if self.draft_sessions is not None:
-                        holds.enter_context(self.draft_sessions.held())  # timed passes: never closed under them
-                    self._costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH)
-                other_cores = other.cores()
-                for runner in filter(None, (self.target, self.draft)):
-                    runner.release_cache()  # the calibration's random rows
-                trim_heap()  # the calibration's temporaries (its random rows before they are copied in)
-                if key is not None and other_cores is not None and other_cores > OTHER_CORES_LIMIT:
-                    log.warning("other processes used %.2f CPU cores while this machine's pass costs were measured: "
-                                "they serve this process and are not stored (a later start measures again)",
-                                other_cores)
-                elif key is not None:
-                    save_costs(key, self._costs)
+                self._costs, other_cores = self._calibrate()
+                self._costs_other_cores = other_cores if other_cores is not None else 0.0
+                if key is not None:
+                    save_costs(key, self._costs, other_cores=self._costs_other_cores)
+                    if self._costs_other_cores > OTHER_CORES_LIMIT:
+                        log.info("other processes used %.2f CPU cores while this machine's pass costs were measured: "
+                                 "stored as noisy, measured again when the machine is quiet (refine_costs: an idle "
+                                 "server does it)", self._costs_other_cores)
         return self._costs
+
+    def _calibrate(self, stop=None) -> tuple:
+        """(costs measured now on this decoder's runners, the cores other processes used meanwhile or None)."""
+        other = OtherLoad()
+        try:
+            with ExitStack() as holds:
+                if self.draft_sessions is not None:
+                    holds.enter_context(self.draft_sessions.held())  # timed passes: never closed under them
+                costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH, stop=stop)
+            return costs, other.cores()
+        finally:
+            for runner in filter(None, (self.target, self.draft)):
+                runner.release_cache()  # the calibration's random rows
+            trim_heap()  # the calibration's temporaries (its random rows before they are copied in)
+
+    @property
+    def costs_noisy(self) -> bool:
+        """Whether the pass costs in use were measured while other processes used the CPU (and are stored)."""
+        return (self._costs is not None and self._calibration_key is not None
+                and self._costs_other_cores > OTHER_CORES_LIMIT)
+
+    @property
+    def costs_other_cores(self) -> float:
+        """The CPU cores other processes used while the pass costs in use were measured."""
+        return self._costs_other_cores
+
+    def refine_costs(self, stop=None) -> Costs | None:
+        """Measure the pass costs again if the ones in use are noisy (``costs_noisy``); keep and store the new ones
+        when they were measured on a quieter CPU. Returns the costs now in use when they changed, else None.
+        ``stop``: asked before each timed pass; when it returns true the measurement ends at once (None returned,
+        nothing changed). Forks keep their costs: give them the result with ``use_costs``."""
+        with self._exclusive():
+            if not self.costs_noisy:
+                return None
+            try:
+                measured, other_cores = self._calibrate(stop)
+            except CalibrationStopped:
+                return None
+            if other_cores is None or other_cores >= self._costs_other_cores:
+                return None
+            save_costs(self._calibration_key, measured, other_cores=other_cores)
+            log.info("pass costs measured again beside %.2f other cores (were %.2f)", other_cores,
+                     self._costs_other_cores)
+            self.use_costs(measured, other_cores)
+            return measured
+
+    def use_costs(self, costs: Costs, other_cores: float = 0.0) -> None:
+        """Use ``costs`` (measured beside ``other_cores`` of other work) from now on: a fork given its parent's."""
+        self._costs, self._costs_other_cores = costs, other_cores
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, options: GenerationOptions | None = None, **changes) -> GenerationResult:
@@ -544,3 +586,45 @@ def _free_memory(provider: str) -> int | None:
         except (ValueError, RuntimeError):
             pass  # no cuda-python: the provider check reports what is missing
     return available
+
+def _row_checks(target, identity: str, provider: str, threads: int | None) -> dict:
+    """This machine's row checks of the target (runners/row_parity.py): ``{"one_row", "two_rows"}``, the largest
+    logit gaps of an unpadded one-token pass and of a two-row pass from a verify row (None: the cache is too small to
+    tell), and ``exact_width``. Measured once per bundle, CPU, onnxruntime and thread count, then read from the
+    store (decoding/calibration_store.py): they depend on the kernels only."""
+    key = machine_key(identity, provider, threads, checks="rows", step_tokens=target.max_step_tokens,
+                      deep=target.max_context >= DEEP + max(WIDTHS) + 1)
+    stored = load_row_checks(key)
+    if stored is not None:
+        return stored
+    target.pad_one_row = False
+    gaps = row_gaps(target)
+    checks = {"one_row": None if gaps is None else gaps["one_row"], "two_rows": None if gaps is None else gaps["two_rows"],
+              "exact_width": exact_width(target)}
+    target.release_cache()  # the checks' random rows
+    if gaps is not None:
+        save_row_checks(key, checks)
+    return checks
+
+
+def _one_row_choice(checks: dict | None, exact_rows: bool | None) -> tuple:
+    """(whether the target's one-token pass, as it will run, equals a verify row bit for bit: None when unknown;
+    whether one-token passes run as two rows) from the row checks and the caller's ``exact_rows``."""
+    if checks is None or checks["one_row"] is None:
+        return None, exact_rows is True
+    unpadded = checks["one_row"] == 0.0 and checks["two_rows"] == 0.0
+    pad = exact_rows is True or (exact_rows is None and not unpadded)
+    exact = checks["two_rows"] == 0.0 if pad else unpadded
+    if exact_rows is None and pad:
+        log.info("on this CPU a one-token pass of the target rounds unlike a row of a wider pass (%.3g): one-token "
+                 "passes run as two rows, so greedy speculation stays token-identical to target-only decoding "
+                 "(exact_rows=False / --no-exact-rows runs them as one row, faster, exact only off near-ties)",
+                 checks["one_row"])
+    elif exact_rows is False and not unpadded:
+        log.warning("on this CPU a one-token pass of the target rounds unlike a row of a wider pass: greedy "
+                    "speculation may part from target-only decoding on near-ties (exact_rows=None, the default, "
+                    "runs one-token passes as two rows and keeps it exact)")
+    if pad and not exact:
+        log.warning("on this CPU a two-row pass of the target rounds unlike a row of a wider pass: greedy speculation "
+                    "may part from target-only decoding on near-ties")
+    return exact, pad

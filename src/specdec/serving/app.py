@@ -90,12 +90,12 @@ class LoadOptions:
     verify: bool = True
     cache_ram_mib: float = 0  # a prompt cache in host RAM shared by the pool's workers (0: none)
     suffix_cache_mib: float | None = None  # recent outputs for suffix proposals (None: the decoder's default)
-    exact_rows: bool = False  # one-token target passes as two rows (greedy identity on every CPU)
+    exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
 
     def load_kwargs(self) -> dict:
         kwargs = dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)
-        if self.exact_rows:
-            kwargs["exact_rows"] = True
+        if self.exact_rows is not None:
+            kwargs["exact_rows"] = self.exact_rows
         if self.cache_ram_mib:
             kwargs["cache_ram_mib"] = self.cache_ram_mib
         if self.suffix_cache_mib is not None:

@@ -12,18 +12,25 @@ whose KV cache already holds the longest prefix of them (``decoder.cached_prefix
 next turn, or an editor's next infill on the same file, computes only what is new. A job *pinned* to a worker
 (``submit(..., worker=i)``: llama-server's ``id_slot``, a slot's save / restore / erase) waits for that worker
 and runs on no other, after what it is running now: a slot action never races a generation. Each worker
-remembers its last job (``last_jobs``: what ``GET /slots`` reports). Boundary: no HTTP here (jobs.py and the
-dialects).
+remembers its last job (``last_jobs``: what ``GET /slots`` reports).
+
+Pass costs measured beside other work (a start under an editor or a test runner: ``decoder.costs_noisy``) are
+measured again once the pool has had no job for ``IDLE_BEFORE_REFINE`` seconds: every worker is held meanwhile, a
+job that arrives stops the measurement before its next timed pass, and the result (kept only if the CPU was quieter)
+goes to every worker and to the store, so later starts read it. Boundary: no HTTP here (jobs.py and the dialects).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 
 class PoolBusy(RuntimeError):
@@ -51,6 +58,9 @@ class PoolOptions:
 
 
 END = object()  # what Job.get returns after the last item
+REFINING = object()  # what a worker holds while an idle pool measures noisy pass costs again (no job is given it)
+IDLE_BEFORE_REFINE = 30.0  # seconds without a job before an idle pool measures noisy pass costs again
+REFINE_POLL = 5.0  # how often the pool looks whether it may
 
 
 class _Failure:
@@ -116,8 +126,11 @@ class DecoderPool:
         self.routed_to_cache = 0  # jobs given to a worker whose cache already held part of their prompt
         self.last_jobs: list = [None] * len(self.decoders)  # worker index -> the job it runs or ran last
         self._tasks = 0  # jobs submitted so far (each job's task_id)
+        self._last_job = time.monotonic()  # when a job was last submitted or ended
+        self._closing = threading.Event()
         self._threads = [threading.Thread(target=self._serve, args=(i,), name=f"specdec-worker-{i}", daemon=True)
                          for i in range(len(self.decoders))]
+        self._threads.append(threading.Thread(target=self._refine_when_idle, name="specdec-refine", daemon=True))
         for thread in self._threads:
             thread.start()
 
@@ -139,6 +152,7 @@ class DecoderPool:
                 raise PoolBusy(f"all {self.options.workers} workers are busy and {self.waiting} requests wait "
                                f"(--max-queue {self.options.max_queue})")
             self._tasks += 1
+            self._last_job = time.monotonic()
             job.task_id = self._tasks
             self.waiting += 1
             self._active.add(job)
@@ -189,10 +203,10 @@ class DecoderPool:
         decoder = self.decoders[index]
         while True:
             with self._lock:
-                while self._assigned[index] is None and not self._stopping:
+                while self._assigned[index] in (None, REFINING) and not self._stopping:
                     self._wake[index].wait()
                 job = self._assigned[index]
-                if job is None:
+                if job is None or job is REFINING:
                     return
                 self.waiting -= 1
                 self.busy += 1
@@ -204,6 +218,7 @@ class DecoderPool:
                 try:
                     with self._lock:
                         self.busy -= 1
+                        self._last_job = time.monotonic()
                         self._active.discard(job)
                         self._assigned[index] = None
                         self._idle.notify_all()
@@ -239,12 +254,37 @@ class DecoderPool:
         except Exception as exc:  # reported to the request, never kills the worker
             return _Failure(exc)
 
+    def _refine_when_idle(self) -> None:
+        """While the decoder's pass costs are noisy: once no job has run for ``IDLE_BEFORE_REFINE`` seconds, hold
+        every worker and measure them again (``decoder.refine_costs``), stopping at once for a job that arrives."""
+        while not self._closing.wait(REFINE_POLL):
+            if not getattr(self.decoder, "costs_noisy", False):
+                continue
+            with self._lock:
+                if (self.closed or self._pending or any(held is not None for held in self._assigned)
+                        or time.monotonic() - self._last_job < IDLE_BEFORE_REFINE):
+                    continue
+                self._assigned = [REFINING] * len(self.decoders)
+            try:
+                costs = self.decoder.refine_costs(stop=lambda: bool(self._pending) or self._closing.is_set())
+                if costs is not None:
+                    for worker in self.decoders[1:]:
+                        worker.use_costs(costs, self.decoder.costs_other_cores)
+            except Exception as exc:  # a preference: never stops the pool
+                log.warning("measuring pass costs again failed: %s", exc)
+            finally:
+                with self._lock:
+                    self._assigned = [None] * len(self.decoders)
+                    self._last_job = time.monotonic()
+                    self._dispatch()
+
     def _count_cancel(self) -> None:
         with self._lock:
             self.cancelled_jobs += 1
 
     def close(self, grace: float = 10.0) -> None:
         """Refuse new jobs; let running and queued ones finish for ``grace`` seconds, cancel the rest; stop."""
+        self._closing.set()
         with self._lock:
             self.closed = True
             deadline = time.monotonic() + grace

@@ -44,7 +44,7 @@ class RayOptions:
     verify: bool = True
     cache_ram_mib: float = 0  # per replica: a prompt cache shared by its workers (0: none)
     suffix_cache_mib: float | None = None  # per replica: recent outputs for suffix proposals (None: the default)
-    exact_rows: bool = False  # one-token target passes as two rows (greedy identity on every CPU)
+    exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
 
     def __post_init__(self):
         for name in ("workers", "replicas"):

@@ -392,3 +392,51 @@ def test_pool_shares_sessions_and_bounds_the_queue(decoder):
         assert asyncio.run(asyncio.wait_for(scenario(), timeout=20)) == [[True, END]] * 3
     finally:
         pool.close(grace=5)
+
+
+def test_api_key_guards_every_route_but_health_and_the_page(decoder):
+    """llama-server's --api-key: no key or a wrong one is 401 (authentication_error) on the API, /metrics and the
+    slots; /health, the chat page's files and CORS preflights stay open; Bearer and x-api-key both work; a
+    request without a ``model`` field is served (llama-server requires none)."""
+    from specdec.serving.app import ServerOptions, create_app
+    from specdec.serving.pool import DecoderPool, PoolOptions
+
+    pool = DecoderPool(decoder.fork(), PoolOptions(workers=1))
+    options = ServerOptions(model_name=MODEL, api_keys=("sk-one", "sk-two"))
+    with served_app(create_app(pool, options)) as (url, _):
+        body = {"messages": MESSAGES, "max_tokens": 2, "temperature": 0}
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "sk-on"}, {"x-api-key": "x"}):
+            for method, path, payload in (("POST", "/v1/chat/completions", body), ("GET", "/v1/models", None),
+                                          ("GET", "/metrics", None), ("POST", "/completion", {"prompt": "a"}),
+                                          ("GET", "/slots", None), ("GET", "/props", None)):
+                answer = httpx.request(method, url + path, json=payload, headers=headers, timeout=30)
+                assert answer.status_code == 401, (path, headers)
+                assert answer.json()["error"]["type"] == "authentication_error"
+        for path in ("/health", "/v1/health", "/", "/webui/app.js"):
+            assert httpx.get(url + path, timeout=30).status_code in (200, 404), path
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        assert httpx.get(url + "/", timeout=30).status_code == 200
+        assert httpx.options(url + "/v1/chat/completions", timeout=30).status_code != 401
+        for headers in ({"Authorization": "Bearer sk-one"}, {"Authorization": "sk-two"}, {"x-api-key": "sk-two"}):
+            answer = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+            assert answer.status_code == 200 and answer.json()["model"] == MODEL
+        answer = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-one", max_retries=0).models.list()
+        assert [m.id for m in answer.data] == [MODEL]
+    with pytest.raises(ValueError, match="API keys"):
+        ServerOptions(model_name=MODEL, api_keys=(" sk",))
+
+
+def test_serve_reads_api_keys_from_flags_and_a_file(tmp_path):
+    import argparse
+
+    from specdec.cli.serve import api_keys
+
+    keys = tmp_path / "keys"
+    keys.write_text("sk-file\n\n sk-two \n")
+    args = argparse.Namespace(api_key=["sk-a,sk-b", "sk-a"], api_key_file=str(keys))
+    assert api_keys(args) == ("sk-a", "sk-b", "sk-file", "sk-two")
+    assert api_keys(argparse.Namespace(api_key=None, api_key_file=None)) == ()
+    with pytest.raises(ValueError, match="no key"):
+        api_keys(argparse.Namespace(api_key=[" , "], api_key_file=None))
+    with pytest.raises(ValueError, match="--api-key-file"):
+        api_keys(argparse.Namespace(api_key=None, api_key_file=str(tmp_path / "missing")))

@@ -39,6 +39,12 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--slot-save-path", default=None, metavar="DIR",
                        help="the folder llama-server's POST /slots/{id}?action=save|restore reads and writes (a "
                             "worker's KV caches of both models, keyed by the bundle; default: slot actions are off)")
+    serve.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                       help="require this key (\"Authorization: Bearer KEY\" or \"x-api-key: KEY\") on every route but "
+                            "/health and the chat page's files, else 401, as llama-server's --api-key; repeat it or "
+                            "give a comma list for several")
+    serve.add_argument("--api-key-file", default=None, metavar="FILE",
+                       help="a file of keys, one a line (llama-server's --api-key-file)")
     add_load_args(serve)
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
@@ -54,6 +60,21 @@ def model_names(args) -> tuple:
     """(the served id, aliases...) from --model-name (repeated or comma lists), else the bundle folder's name."""
     given = [name.strip() for value in args.model_name or () for name in value.split(",") if name.strip()]
     return tuple(dict.fromkeys(given)) or (Path(args.bundle).resolve().name,)
+
+
+def api_keys(args) -> tuple:
+    """The keys --api-key (repeated or comma lists) and --api-key-file name; a file that cannot be read is a one-line
+    error."""
+    keys = [key.strip() for value in args.api_key or () for key in value.split(",") if key.strip()]
+    if args.api_key_file is not None:
+        try:
+            text = Path(args.api_key_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {args.api_key_file}: {exc}") from None
+        keys += [line.strip() for line in text.splitlines() if line.strip()]
+    if (args.api_key is not None or args.api_key_file is not None) and not keys:
+        raise ValueError("--api-key / --api-key-file named no key")
+    return tuple(dict.fromkeys(keys))
 
 
 def model_name(args) -> str:
@@ -80,7 +101,7 @@ def cmd_serve(args) -> int:
         names = model_names(args)
         options = RayOptions(bundle=str(args.bundle), model_name=names[0], aliases=names[1:],
                              strict_model=args.strict_model_name, shutdown_grace=args.shutdown_grace,
-                             webui=not args.no_webui, host=args.host, port=args.port,
+                             webui=not args.no_webui, api_keys=api_keys(args), host=args.host, port=args.port,
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
@@ -101,16 +122,16 @@ def cmd_serve(args) -> int:
     names = model_names(args)
     server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
                                    shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
-                                   webui=not args.no_webui)
+                                   webui=not args.no_webui, api_keys=api_keys(args))
     for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")
     load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
                                verify=not args.no_verify, cache_ram_mib=args.cache_ram,
                                suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"specdec: serving on {args.host}: the API has no authentication, anyone who reaches this address "
-              "can use it", file=sys.stderr)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not server_options.api_keys:
+        print(f"specdec: serving on {args.host} without --api-key: anyone who reaches this address can use the API",
+              file=sys.stderr)
     app = build_app(args.bundle, server_options, pool_options, load_options)
     if server_options.webui:
         import logging

@@ -20,6 +20,8 @@ its job.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 import logging
 import os
 import time
@@ -53,6 +55,9 @@ class ServerOptions:
     slot_save_path: str | None = None  # the folder llama-server's slot save / restore use (None: those are 501)
     webui: bool = True  # the chat page at / (serving/webui); False: / is a 404
     webui_dir: str | None = None  # a folder to serve the page's files from instead of the packaged ones
+    # llama-server's --api-key: requests must carry one of these as "Authorization: Bearer KEY" (or Anthropic's
+    # "x-api-key: KEY") or get a 401, on every route but /health, /v1/health and the chat page's files; empty: no key asked
+    api_keys: tuple = ()
 
     def __post_init__(self):
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
@@ -60,6 +65,8 @@ class ServerOptions:
         if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
             raise ValueError(f"the slot save path {self.slot_save_path} is not a directory")
         object.__setattr__(self, "aliases", tuple(dict.fromkeys(a for a in self.aliases if a != self.model_name)))
+        if not all(isinstance(key, str) and key and key.strip() == key for key in self.api_keys):
+            raise ValueError("API keys must be non-empty strings without surrounding spaces")
         if not self.shutdown_grace >= 0:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
 
@@ -128,6 +135,9 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
         await asyncio.to_thread(pool.close, options.shutdown_grace)
 
     app = FastAPI(title="specdec", lifespan=lifespan)
+    if options.api_keys:  # added first, so it runs inside the counting: a 401 is counted as any answer
+        app.add_middleware(_RequireApiKey, keys=options.api_keys,
+                           public=PUBLIC_PATHS | (webui.page_paths() if options.webui else frozenset()))
     app.add_middleware(_CountRequests, metrics=metrics)
     _add_error_handlers(app)
     engine = Engine(pool, options, metrics)
@@ -185,6 +195,36 @@ def _add_error_handlers(app: FastAPI) -> None:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return _error_shape(request.url.path)(500, f"internal error: {type(exc).__name__}: {exc}",
                                               kind="server_error")
+
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without an API key (llama-server's public endpoints)
+
+
+class _RequireApiKey:
+    """llama-server's ``--api-key``: a request whose ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``) is not one
+    of ``keys`` gets 401 with an ``authentication_error``, except on ``public`` paths and CORS preflights (browsers
+    send no credentials with those). Keys are compared in constant time."""
+
+    def __init__(self, app, keys: tuple, public: frozenset):
+        self.app, self.keys, self.public = app, tuple(key.encode() for key in keys), public
+
+    def _allowed(self, scope) -> bool:
+        if scope["path"] in self.public or scope["method"] == "OPTIONS":
+            return True
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+        if given.startswith(b"Bearer "):
+            given = given[len(b"Bearer "):]
+        return any(hmac.compare_digest(given, key) for key in self.keys)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self._allowed(scope):
+            return await self.app(scope, receive, send)
+        body = json.dumps({"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}})
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json; charset=utf-8"),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body.encode()})
 
 
 class _CountRequests:

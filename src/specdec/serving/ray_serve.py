@@ -30,6 +30,7 @@ class RayOptions:
     strict_model: bool = False  # 404 for a model name not served (ServerOptions)
     shutdown_grace: float = 10.0  # seconds a replica's running requests may take to finish when it stops
     webui: bool = True  # the chat page at / (ServerOptions)
+    api_keys: tuple = ()  # keys a request must carry, else 401 (ServerOptions)
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1  # decoders per replica (forks sharing the replica's sessions)
@@ -90,7 +91,8 @@ def build_application(options: RayOptions):
 
         return build_app(bundle, ServerOptions(model_name=options.model_name, aliases=options.aliases,
                                                strict_model=options.strict_model,
-                                               shutdown_grace=options.shutdown_grace, webui=options.webui),
+                                               shutdown_grace=options.shutdown_grace, webui=options.webui,
+                                               api_keys=options.api_keys),
                          PoolOptions(workers=options.workers, max_queue=options.max_queue),
                          LoadOptions(provider=options.provider, max_context=options.max_context,
                                      threads=options.threads, verify=options.verify,

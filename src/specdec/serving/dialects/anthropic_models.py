@@ -104,7 +104,7 @@ class Metadata(Strict):
 
 class CountTokensRequest(Strict):
     """``POST /v1/messages/count_tokens``: what a request renders (the conversation, its tools)."""
-    model: Text
+    model: Text | None = None  # as llama-server: optional, any name is the served model
     messages: Annotated[list[Message], Field(min_length=1)]
     system: text_or(one_of(TextBlock)) | None = None
     tools: list[Tool] | None = None

@@ -36,7 +36,7 @@ class ResponseFormat(Strict):
 
 
 class _GenerationFields(Extensions):
-    model: str
+    model: str | None = None  # llama-server does not require it: any name, or none, is the served model
     max_tokens: int | None = None  # its range is the decoder's (make_request): one place
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0  # OpenAI's default (0 = greedy)
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0

@@ -34,6 +34,11 @@ def page_files(folder: str | Path | None = None) -> dict:
     return {name: (root / name).read_bytes() for name in PAGE_FILES}
 
 
+def page_paths() -> frozenset:
+    """The paths ``mount`` answers: the page's own files, public even behind an API key (as llama-server's UI)."""
+    return frozenset({"/", *(PREFIX + name for name in PAGE_FILES)})
+
+
 def mount(app, folder: str | Path | None = None) -> None:
     """``GET /`` (the page) and ``GET /webui/<file>``, read once now."""
     from fastapi import Response

@@ -440,3 +440,39 @@ def test_serve_reads_api_keys_from_flags_and_a_file(tmp_path):
         api_keys(argparse.Namespace(api_key=[" , "], api_key_file=None))
     with pytest.raises(ValueError, match="--api-key-file"):
         api_keys(argparse.Namespace(api_key=None, api_key_file=str(tmp_path / "missing")))
+
+
+def test_llama_server_flags_and_several_hosts(chat_bundle):
+    """llama-server's spellings (-np, --alias, -c, --no-ui) and a comma list of --host addresses: one server
+    answering on each (127.0.0.1 and localhost; an empty address is a one-line error)."""
+    from specdec.cli.serve import host_list
+
+    assert host_list("127.0.0.1, localhost,127.0.0.1") == ["127.0.0.1", "localhost"]
+    with pytest.raises(ValueError, match="empty address"):
+        host_list("127.0.0.1,")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        hosts = ["127.0.0.1", "localhost", "[::1]"]  # localhost is 127.0.0.1 here: one socket for both
+    except OSError:  # no IPv6 loopback on this machine
+        hosts = ["127.0.0.1", "localhost"]
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--host",
+         ",".join(host.strip("[]") for host in hosts),
+         "--port", str(port), "-np", "2", "--alias", "llama-name", "-c", "256", "--no-ui"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", process)
+        for host in hosts:
+            assert httpx.get(f"http://{host}:{port}/health", timeout=10).json()["workers"] == 2
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"] == "llama-name"
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 404
+        assert httpx.get(f"http://127.0.0.1:{port}/props", timeout=10).json()["default_generation_settings"][
+            "n_ctx"] == 256
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()

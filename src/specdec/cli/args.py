@@ -51,7 +51,7 @@ def generation_options(args, **changes):
 
 def add_load_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "tensorrt-native"])
-    parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default: the model's trained context, capped by free memory; "
+    parser.add_argument("--max-context", "-c", "--ctx-size", type=int, default=None, help="KV cache size in tokens (default: the model's trained context, capped by free memory; "
                              "the choice is logged)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")

@@ -15,16 +15,17 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("bundle")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1,
-                       help="concurrent generations per process (each a KV cache; the weights are shared)")
+    serve.add_argument("--workers", "-np", "--parallel", type=int, default=1,
+                       help="concurrent generations per process (each a KV cache; the weights are shared; "
+                            "llama-server's slots)")
     serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
-    serve.add_argument("--model-name", action="append", default=None, metavar="NAME",
+    serve.add_argument("--model-name", "--alias", action="append", default=None, metavar="NAME",
                        help="the model id replies name (default: the bundle folder name); repeat it, or give a comma "
                             "list, for aliases the server also lists")
     serve.add_argument("--strict-model-name", action="store_true",
                        help="answer 404 to a request naming a model the server does not list (OpenAI's behaviour); "
                             "by default any name is the served model, as llama-server does")
-    serve.add_argument("--no-webui", action="store_true",
+    serve.add_argument("--no-webui", "--no-ui", action="store_true",
                        help="no chat page at / (by default the server opens one: chat, streamed, tokens coloured by "
                             "the proposer they came from)")
     serve.add_argument("--shutdown-grace", type=float, default=10.0,
@@ -129,15 +130,62 @@ def cmd_serve(args) -> int:
     load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
                                verify=not args.no_verify, cache_ram_mib=args.cache_ram,
                                suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not server_options.api_keys:
-        print(f"specdec: serving on {args.host} without --api-key: anyone who reaches this address can use the API",
-              file=sys.stderr)
+    exposed = [host for host in host_list(args.host) if host not in ("127.0.0.1", "localhost", "::1")]
+    if exposed and not server_options.api_keys:
+        print(f"specdec: serving on {', '.join(exposed)} without --api-key: anyone who reaches that address can use "
+              "the API", file=sys.stderr)
     app = build_app(args.bundle, server_options, pool_options, load_options)
     if server_options.webui:
         import logging
 
-        shown = f"[{args.host}]" if ":" in args.host else args.host
+        host = host_list(args.host)[0]
+        shown = f"[{host}]" if ":" in host else host
         logging.getLogger("specdec.serve").info("chat page: http://%s:%d/ (--no-webui: none)", shown, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
-                log_level="info")
+    hosts = host_list(args.host)
+    if len(hosts) == 1:
+        uvicorn.run(app, host=hosts[0], port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
+                    log_level="info")
+    else:  # llama-server's --host "127.0.0.1,::1": one server listening on every address
+        server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=args.shutdown_grace, log_level="info"))
+        server.run(sockets=listening_sockets(hosts, args.port))
     return 0
+
+
+def host_list(value: str) -> list:
+    """The addresses of --host (a comma list, as llama-server's); an empty one is a one-line error."""
+    hosts = [host.strip() for host in value.split(",")]
+    if not all(hosts):
+        raise ValueError(f"--host {value!r}: an empty address in the list")
+    return list(dict.fromkeys(hosts))
+
+
+def listening_sockets(hosts: list, port: int) -> list:
+    """A listening TCP socket on each distinct address ``hosts`` name (names that resolve to one address, such as
+    127.0.0.1 and localhost, share one) at ``port``; a one-line error when one cannot be bound."""
+    import socket
+
+    addresses = {}
+    for host in hosts:
+        try:
+            family, *_, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        except OSError as exc:
+            raise ValueError(f"--host {host}: {exc}") from None
+        addresses.setdefault((family, address[0]), host)
+    return [bound_socket(host, port, family) for (family, _), host in addresses.items()]
+
+
+def bound_socket(host: str, port: int, family):
+    """A listening TCP socket on ``host`` and ``port``; a one-line error when it cannot bind."""
+    import socket
+
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        raise ValueError(f"--host {host} --port {port}: cannot listen there: {exc}") from None
+    sock.set_inheritable(True)
+    return sock

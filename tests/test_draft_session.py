@@ -117,6 +117,56 @@ def test_a_holder_refuses_to_close_while_held_or_given_an_open_session():
     assert not fixed.close() and fixed.is_open
 
 
+def test_a_deferred_holder_opens_in_the_background_checks_once_and_keeps_a_failure():
+    """A holder made with defer opens nothing until asked; its background open runs ``then`` after it; a pass that
+    needs it meanwhile waits for that open (one session, not two); a failed first open (the contract check) is
+    raised by every later get."""
+    import threading
+
+    release, opened, checked, after = threading.Event(), [], [], []
+
+    def slow_open():
+        release.wait(10)
+        opened.append(_Session())
+        return opened[-1]
+
+    holder = SessionHolder(slow_open, name="draft", defer=True, check=checked.append)
+    assert not holder.is_open and not opened
+    thread = holder.open_in_background(then=lambda: after.append(1))
+    waiter = threading.Thread(target=lambda: after.append(holder.get()))
+    waiter.start()
+    release.set()
+    thread.join(10)
+    waiter.join(10)
+    assert len(opened) == 1 and checked == opened and opened[0] in after and 1 in after
+    assert holder.close() and holder.get() is opened[-1] and len(checked) == 1  # reopened: not checked again
+
+    def refuse(session):
+        raise ValueError("the graph's inputs differ from the manifest's")
+
+    broken = SessionHolder(lambda: _Session(), name="draft", defer=True, check=refuse)
+    broken.open_in_background().join(10)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="differ from the manifest"):
+            broken.get()
+
+
+@pytest.mark.integration
+def test_the_loaded_draft_opens_after_the_target_and_decodes_as_an_eager_one(tiny_bundle):
+    """load returns with the target's session made and the draft's opening on its own thread; the first request
+    that runs the draft waits for it; the tokens are a draft session's like any other."""
+    from specdec import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.load(tiny_bundle)
+    prompt = decoder.codec.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return")
+    mode = dict(max_new_tokens=16, num_draft_tokens=3, proposer="draft")
+    first = decoder.generate(prompt, **mode)
+    assert decoder.draft_sessions.opens == 1 and first.stats.draft_forwards > 0
+    again = SpeculativeDecoder.load(tiny_bundle)
+    again.draft_sessions.get()  # opened before the request, as a server that waited would find it
+    assert again.generate(prompt, **mode).token_ids == first.token_ids
+
+
 @pytest.mark.integration
 def test_closed_and_opened_again_a_real_draft_decodes_the_same_tokens(tiny_bundle):
     """onnxruntime sessions: after a close, the draft's runner (and a fork made while it was closed) binds the new

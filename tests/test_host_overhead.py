@@ -306,19 +306,24 @@ def test_a_shorter_conversation_gives_back_the_longer_one_s_rows(monkeypatch):
     assert target.cache[:, :, :, : len(turn) - 1].all()  # no row it holds was given back
 
 
-def test_load_and_calibration_release_their_random_rows(tiny_bundle, monkeypatch):
+def test_load_and_calibration_release_their_random_rows(tiny_bundle, monkeypatch, tmp_path):
     """The load's row check and the first calibration write rows no request reads: each gives the caches' pages
-    back (Runner.release_cache) before any request; removing either call fails this."""
+    back (Runner.release_cache) before any request; removing either call fails this. A later load reads the stored
+    checks and writes no rows."""
     from specdec.decoding.decoder import SpeculativeDecoder
     from specdec.runners.runner import Runner
 
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))  # nothing measured on this machine yet
     released = []
     monkeypatch.setattr(Runner, "release_cache", lambda self: released.append(self.spec.num_layers))
-    decoder = SpeculativeDecoder.load(tiny_bundle, max_context=256, verify=False)
+    SpeculativeDecoder.load(tiny_bundle, max_context=256, verify=False)
     assert len(released) == 1  # the target, after its row check
+    released.clear()
+    decoder = SpeculativeDecoder.load(tiny_bundle, max_context=256, verify=False)
+    assert len(released) == 0  # the checks read from the store: no rows written
     decoder.wrap_target(lambda runner: runner)  # costs forgotten: measured here, never stored on this machine
     decoder.costs()
-    assert len(released) == 3  # then both models, after the calibration
+    assert len(released) == 2  # then both models, after the calibration
 
 
 @pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_NOHUGEPAGE"), reason="cache_zeros falls back to np.zeros")

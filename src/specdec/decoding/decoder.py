@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, ca
                                                 load_row_checks, machine_key, save_costs, save_row_checks)
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
 from specdec.runners.fused import make_runner
+from specdec.runners.standard import DEFERRED
 from specdec.decoding.prompt_cache import PromptCache
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK
 from specdec.decoding.options import GenerationError, GenerationOptions
@@ -145,13 +147,19 @@ class SpeculativeDecoder:
         if provider in RUNNER_BACKENDS:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
-            # the draft's session first: on the 2-core CPU measured, sessions created later ran 2-3% faster
-            # whatever their graph (docs/benchmarks.md), and the target runs most of the passes
+            # the target's session now (the tokenizer meanwhile), the draft's on a thread of its own once the target's
+            # is made: load returns (a server answers /health) while the draft's weights are still being packed, and
+            # a pass of the draft waits for them (runners/sessions.py)
             runners = {
                 role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads,
-                                  kept_ids=load_kept_ids(root, spec))
-                for role, spec in reversed(manifest.models().items())
+                                  kept_ids=load_kept_ids(root, spec), session=DEFERRED if role == "draft" else None)
+                for role, spec in manifest.models().items()
             }
+        with ThreadPoolExecutor(1) as background:
+            codec = background.submit(TextCodec, inside(root, manifest.tokenizer_file))
+            if getattr(runners["target"], "sessions", None) is not None:
+                runners["target"].sessions.get()
+            codec = codec.result()
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         checks = _row_checks(runners["target"], identity, provider, threads) if provider == "cpu" else None
         rows_exact, pad = _one_row_choice(checks, exact_rows)
@@ -162,7 +170,6 @@ class SpeculativeDecoder:
             if width is not None and width < PREFILL_CHUNK:
                 log.info("target passes of more than %d tokens round unlike narrower ones on this CPU: prefill "
                          "chunks and verify passes stay within %d tokens (outputs unchanged by the cache)", width, width)
-        codec = TextCodec(inside(root, manifest.tokenizer_file))
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
         key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, pad)
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
@@ -174,6 +181,8 @@ class SpeculativeDecoder:
         if decoder.draft_sessions is not None:  # a session opened again reads its weight file again
             decoder.draft_sessions.after_reopen = lambda: release_after_load(root)
         release_after_load(root)  # the weight files' read-once pages and the load's free heap (runners/resident.py)
+        if decoder.draft_sessions is not None and not decoder.draft_sessions.is_open:
+            decoder.draft_sessions.open_in_background(then=lambda: release_after_load(root))
         return decoder
 
     def fork(self) -> "SpeculativeDecoder":

@@ -9,6 +9,11 @@ session again (``get``) and binds anew, in 0.8-1.5 s on that machine (``open_sec
 like the draft's catch-up). Output cannot change: the session is made again from the same file with the same
 options, and the caches are the runners' own (untouched).
 
+A holder made with ``defer=True`` opens nothing yet: ``open_in_background`` opens it on a thread of its own (the
+loader does so for the draft once the target's session is made, so a server answers /health while the draft's
+weights are still being packed), and a pass that needs it first waits for that open. Its first open checks the
+session against the manifest (``check``); a failure there is raised by every ``get``.
+
 Who holds it: a request whose proposer runs the draft holds the session for the whole request
 (``held``), so ``close`` never frees a session a thread is running or is about to run again next round:
 ``close`` then does nothing and returns False. Boundary: no policy here (the decoder decides when to close).
@@ -31,8 +36,11 @@ log = logging.getLogger(__name__)
 class SessionHolder:
     """One model's session. ``open_session``: () -> a new session (None: the session given cannot be closed)."""
 
-    def __init__(self, open_session: Callable | None, session=None, name: str = "model"):
+    def __init__(self, open_session: Callable | None, session=None, name: str = "model", defer: bool = False,
+                 check: Callable | None = None):
         self._open = open_session
+        self._check = check  # (session) -> None, run after the first open (the manifest's contract)
+        self._failure: BaseException | None = None  # what the first open raised: every get raises it
         self.name = name
         self._lock = threading.Lock()
         self._users = 0
@@ -42,7 +50,7 @@ class SessionHolder:
         self.after_reopen = None  # () -> None, run after each open but the first (the loader's release_after_load)
         self.opens = 0
         self.closes = 0
-        if session is None:
+        if session is None and not defer:
             self.get()
 
     @property
@@ -55,11 +63,21 @@ class SessionHolder:
             self._runners.add(runner)
 
     def get(self):
-        """The session, opened again first if it was closed."""
+        """The session, opened first if it was closed or not yet opened (waiting for an open under way)."""
         with self._lock:
+            if self._failure is not None:
+                raise self._failure
             if self._session is None:
                 begin = time.perf_counter()
-                self._session = self._open()
+                try:
+                    session = self._open()
+                    if self.opens == 0 and self._check is not None:
+                        self._check(session)
+                except Exception as exc:
+                    if self.opens == 0:
+                        self._failure = exc
+                    raise
+                self._session = session
                 self.open_seconds = time.perf_counter() - begin
                 self.opens += 1
                 if self.opens > 1:
@@ -67,6 +85,24 @@ class SessionHolder:
                         self.after_reopen()
                     log.info("%s session opened again in %.2f s", self.name, self.open_seconds)
             return self._session
+
+    def open_in_background(self, then: Callable | None = None) -> threading.Thread:
+        """Open the session on a thread of its own (a pass that needs it meanwhile waits for it), then run ``then``;
+        returns the thread."""
+        def open_quietly():
+            try:
+                self.get()
+            except Exception as exc:  # kept: the next get raises it where a request can report it
+                log.error("%s session could not be opened: %s", self.name, exc)
+                return
+            if then is not None:
+                then()
+
+        # not a daemon: a process that ends while onnxruntime is making the session waits for it (ending under it
+        # aborts the process: "terminate called without an active exception")
+        thread = threading.Thread(target=open_quietly, name=f"specdec-open-{self.name}", daemon=False)
+        thread.start()
+        return thread
 
     @contextmanager
     def held(self):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.runners.kv_store import DeviceKV, HostKV
-from specdec.contract.manifest import BundleError, ModelSpec
+from specdec.contract.manifest import BundleError, ModelSpec, check_graph
 from specdec.runners.runner import Runner
 from specdec.runners.sessions import SessionHolder, SessionRunner
 
@@ -99,6 +99,10 @@ def session_options(threads: int | None = None):
     # ones (the cache grows). Measured on the real 1.5B target at 20k cached tokens, 2 threads: 136 MiB less
     # resident after eight 64-token chunks and 30 decode/verify passes, and no slower (21.5-21.8 s against 22.2 s).
     options.enable_mem_pattern = False
+    # Weights are prepacked (MatMulNBits', MatMulInteger's layouts) by the thread pool, not one thread: the real
+    # pair's two sessions and tokenizer loaded in 2.3 s instead of 4.0-4.1 s (2-core Xeon, onnxruntime 1.32); the
+    # packed bytes are the same (tests/test_loader.py compares the logits bit for bit)
+    options.add_session_config_entry("session.prepack.enable_parallel", "1")
     if _GLOBAL_POOL["ok"]:
         options.use_per_session_threads = False
     else:
@@ -136,12 +140,6 @@ class ModelRunner(SessionRunner, Runner):
 
     def _new_binding(self, session):
         return session.io_binding()  # every pass binds all it reads and writes
-
-    def _check_contract(self) -> None:
-        """The graph's inputs and outputs must be exactly the manifest's (names, ranks, element types, sizes)."""
-        from specdec.contract.manifest import check_graph
-
-        check_graph(self.spec, self.session.get_inputs(), self.session.get_outputs())
 
     def _fork(self) -> "ModelRunner":
         """A runner on the same onnxruntime session (weights loaded once) with its own KV cache,
@@ -190,20 +188,25 @@ class ModelRunner(SessionRunner, Runner):
         self.cache[:, :, :, :count] = rows[:, :, :, :count]
 
 
+DEFERRED = object()  # a runner's ``session`` argument: make its holder without opening it (SessionHolder defer)
+
+
 def attach_session(runner, onnx_path: str, provider: str, threads: int | None, session) -> None:
     """Give ``runner`` its onnxruntime session through a ``SessionHolder``: ``session`` when forking (the holder:
     weights loaded once; an open session: one that cannot be closed), else a new holder whose session's
-    inputs/outputs are checked against the manifest."""
+    inputs/outputs are checked against the manifest when it opens (now, or later for ``DEFERRED``)."""
     runner.provider = provider
     runner._binding = None
     if isinstance(session, SessionHolder):
         runner.sessions = session
-    elif session is not None:
+    elif session is not None and session is not DEFERRED:
         runner.sessions = SessionHolder(None, session, runner.spec.role)
-    else:
+    else:  # DEFERRED: the holder opens when asked (SessionHolder.open_in_background or a first pass)
+        spec = runner.spec
         runner.sessions = SessionHolder(lambda: _session(onnx_path, providers_for(provider), threads),
-                                        name=runner.spec.role)
-        ModelRunner._check_contract(runner)
+                                        name=spec.role, defer=session is DEFERRED,
+                                        check=lambda opened: check_graph(spec, opened.get_inputs(),
+                                                                         opened.get_outputs()))
     runner.sessions.attach(runner)
 
 

@@ -476,3 +476,32 @@ def test_llama_server_flags_and_several_hosts(chat_bundle):
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.mark.parametrize("origins, origin, allowed", [
+    ("localhost", "http://localhost:8080", True), ("localhost", "http://[::1]:3000", True),
+    ("localhost", "http://127.0.0.1", True), ("localhost", "http://localhost.evil.com", False),
+    ("localhost", "http://evil.com", False), ("*", "http://web.mydomain.fr", True),
+    ("http://a.example,http://b.example", "http://b.example", True),
+    ("http://a.example,http://b.example", "http://c.example", False), ("", "http://localhost", False)])
+def test_cors_as_llama_server(decoder, origins, origin, allowed):
+    """A preflight is answered without a key (browsers send none) with llama-server's methods and headers; every
+    answer names the origin when it is allowed (default: pages of this machine only) and none otherwise."""
+    from specdec.serving.app import ServerOptions, create_app
+    from specdec.serving.pool import DecoderPool, PoolOptions
+
+    pool = DecoderPool(decoder.fork(), PoolOptions(workers=1))
+    with served_app(create_app(pool, ServerOptions(model_name=MODEL, api_keys=("sk",), cors_origins=origins))) as (
+            url, _):
+        preflight = httpx.options(url + "/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "Authorization"}, timeout=30)
+        named = preflight.headers.get("access-control-allow-origin")
+        if not origins:
+            assert preflight.status_code == 405 and named is None  # no CORS at all: no route answers a preflight
+            return
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-methods"] == (
+            "GET, POST, DELETE, OPTIONS")
+        assert named == (origin if allowed else None)
+        answer = httpx.get(url + "/v1/models", headers={"Origin": origin, "Authorization": "Bearer sk"}, timeout=30)
+        assert answer.status_code == 200 and answer.headers.get("access-control-allow-origin") == named

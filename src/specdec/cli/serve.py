@@ -46,6 +46,9 @@ def add_serve_parser(commands, add_load_args) -> None:
                             "give a comma list for several")
     serve.add_argument("--api-key-file", default=None, metavar="FILE",
                        help="a file of keys, one a line (llama-server's --api-key-file)")
+    serve.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
+                       help="web pages whose scripts may read answers: localhost (default: pages of this machine), "
+                            "* (any page, llama-server's default), a comma list of origins, or '' (none)")
     add_load_args(serve)
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
@@ -102,7 +105,8 @@ def cmd_serve(args) -> int:
         names = model_names(args)
         options = RayOptions(bundle=str(args.bundle), model_name=names[0], aliases=names[1:],
                              strict_model=args.strict_model_name, shutdown_grace=args.shutdown_grace,
-                             webui=not args.no_webui, api_keys=api_keys(args), host=args.host, port=args.port,
+                             webui=not args.no_webui, api_keys=api_keys(args), cors_origins=args.cors_origins,
+                             host=args.host, port=args.port,
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
                              address=args.address, provider=args.provider, max_context=args.max_context,
@@ -123,7 +127,8 @@ def cmd_serve(args) -> int:
     names = model_names(args)
     server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
                                    shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
-                                   webui=not args.no_webui, api_keys=api_keys(args))
+                                   webui=not args.no_webui, api_keys=api_keys(args),
+                                   cors_origins=args.cors_origins)
     for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")

@@ -58,6 +58,10 @@ class ServerOptions:
     # llama-server's --api-key: requests must carry one of these as "Authorization: Bearer KEY" (or Anthropic's
     # "x-api-key: KEY") or get a 401, on every route but /health, /v1/health and the chat page's files; empty: no key asked
     api_keys: tuple = ()
+    # which web pages' scripts may read answers (CORS, as llama-server's --cors-origins): "localhost" (default:
+    # pages served from localhost, 127.0.0.1 or [::1] only), "*" (any page: llama-server's default), or a comma
+    # list of origins; "" sends no CORS header (browsers then let no other origin read an answer)
+    cors_origins: str = "localhost"
 
     def __post_init__(self):
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
@@ -138,6 +142,8 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     if options.api_keys:  # added first, so it runs inside the counting: a 401 is counted as any answer
         app.add_middleware(_RequireApiKey, keys=options.api_keys,
                            public=PUBLIC_PATHS | (webui.page_paths() if options.webui else frozenset()))
+    if options.cors_origins:  # outside the key check: a preflight carries no credentials
+        app.add_middleware(_Cors, origins=options.cors_origins)
     app.add_middleware(_CountRequests, metrics=metrics)
     _add_error_handlers(app)
     engine = Engine(pool, options, metrics)
@@ -225,6 +231,59 @@ class _RequireApiKey:
                     "headers": [(b"content-type", b"application/json; charset=utf-8"),
                                 (b"www-authenticate", b"Bearer")]})
         await send({"type": "http.response.body", "body": body.encode()})
+
+
+CORS_METHODS = b"GET, POST, DELETE, OPTIONS"  # llama-server's defaults
+CORS_HEADERS = b"*"
+
+
+def is_localhost_origin(origin: str) -> bool:
+    """Whether a browser's Origin names a page served from this machine (localhost, 127.0.0.1, [::1])."""
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:
+        return False
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+class _Cors:
+    """llama-server's CORS: answers a preflight (OPTIONS) itself with the allowed methods and headers, and names the
+    allowed origin on every answer: the request's own when ``origins`` is "*" (credentials allowed, as llama-server),
+    when it is a localhost page ("localhost"), or when it is in the comma list; none otherwise."""
+
+    def __init__(self, app, origins: str):
+        self.app, self.origins = app, origins
+        self.listed = {origin.strip() for origin in origins.split(",")} - {"", "*", "localhost"}
+
+    def allowed(self, origin: str) -> str | None:
+        if not origin:
+            return None
+        if self.origins == "*" or origin in self.listed or (self.origins == "localhost" and is_localhost_origin(origin)):
+            return origin
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        origin = dict(scope["headers"]).get(b"origin", b"").decode("latin-1")
+        allowed = self.allowed(origin)
+        named = [(b"access-control-allow-origin", allowed.encode("latin-1")), (b"vary", b"Origin")] if allowed else []
+        if scope["method"] == "OPTIONS":
+            await send({"type": "http.response.start", "status": 200, "headers": named + [
+                (b"access-control-allow-credentials", b"true"), (b"access-control-allow-methods", CORS_METHODS),
+                (b"access-control-allow-headers", CORS_HEADERS), (b"content-type", b"text/html"),
+                (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def with_origin(message):
+            if message["type"] == "http.response.start" and named:
+                message = {**message, "headers": list(message.get("headers", [])) + named}
+            await send(message)
+
+        await self.app(scope, receive, with_origin)
 
 
 class _CountRequests:

@@ -31,6 +31,7 @@ class RayOptions:
     shutdown_grace: float = 10.0  # seconds a replica's running requests may take to finish when it stops
     webui: bool = True  # the chat page at / (ServerOptions)
     api_keys: tuple = ()  # keys a request must carry, else 401 (ServerOptions)
+    cors_origins: str = "localhost"  # pages whose scripts may read answers (ServerOptions)
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1  # decoders per replica (forks sharing the replica's sessions)
@@ -92,7 +93,7 @@ def build_application(options: RayOptions):
         return build_app(bundle, ServerOptions(model_name=options.model_name, aliases=options.aliases,
                                                strict_model=options.strict_model,
                                                shutdown_grace=options.shutdown_grace, webui=options.webui,
-                                               api_keys=options.api_keys),
+                                               api_keys=options.api_keys, cors_origins=options.cors_origins),
                          PoolOptions(workers=options.workers, max_queue=options.max_queue),
                          LoadOptions(provider=options.provider, max_context=options.max_context,
                                      threads=options.threads, verify=options.verify,

@@ -8,10 +8,10 @@ MODES = [dict(num_draft_tokens=3, proposer="draft"), dict(tree="2,2,1", proposer
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"
 
 
-def assert_every_mode_is_target_only(bundle) -> None:
+def assert_every_mode_is_target_only(bundle, **load) -> None:
     from specdec import SamplingConfig, SpeculativeDecoder
 
-    decoder = SpeculativeDecoder.load(bundle)
+    decoder = SpeculativeDecoder.load(bundle, **load)
     baseline = decoder.generate(PROMPT, max_new_tokens=40, num_draft_tokens=0).token_ids
     config = SamplingConfig(temperature=0.9, top_k=8)
     sampled = {seed: decoder.generate(PROMPT, max_new_tokens=24, sampling=config, num_draft_tokens=0,

@@ -136,7 +136,7 @@ def test_row_checks_are_measured_once_per_machine(tiny_bundle, monkeypatch, tmp_
     monkeypatch.setattr(decoder_module, "row_gaps", lambda runner: calls.append("gaps") or measured_gaps(runner))
     monkeypatch.setattr(decoder_module, "exact_width", lambda runner: calls.append("width") or measured_width(runner))
     first = SpeculativeDecoder.load(tiny_bundle)
-    assert calls == ["gaps", "width"] and (tmp_path / "row-checks.json").is_file()
+    assert calls == ["gaps", "width"] and (tmp_path / "load-checks.json").is_file()
     second = SpeculativeDecoder.load(tiny_bundle)
     assert calls == ["gaps", "width"]  # read, not measured
     assert (second.rows_exact, second.target.exact_width, second.target.pad_one_row) == (

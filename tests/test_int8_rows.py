@@ -132,24 +132,16 @@ def test_the_products_are_the_streamed_int4_exports_only():
         ExportOptions(target="t", draft=None, out="o", quant="int4", layer_products="int16")
 
 
-def test_auto_is_int8_only_for_a_streamed_int4_export_on_a_cpu_with_dot_products(tmp_path, monkeypatch):
+def test_auto_writes_both_forms_of_a_streamed_int4_target_whatever_the_cpu():
+    """The export reads no CPU flag: the loading machine measures the forms (decoding/forms.py)."""
     from specdec.export import bundle
     from specdec.export.bundle import ExportOptions, auto_layer_products
 
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni amx_tile amx_int8\n")
-    assert int8_rows.dot_product_flags(cpuinfo) == ("amx_int8", "avx512_vnni")
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n")
-    assert int8_rows.dot_product_flags(cpuinfo) == ()
-    assert int8_rows.dot_product_flags(tmp_path / "absent") == ()
-
     options = lambda **kw: ExportOptions(target="t", draft=None, out="o", **kw)  # noqa: E731
     assert options(quant="int4").layer_products == "auto" and options(quant="int4").recipe.layer_products == "nbits"
-    monkeypatch.setattr(int8_rows, "dot_product_flags", lambda: ("avx512_vnni",))
-    assert auto_layer_products(options(quant="int4"), "qwen2") == ("int8", "this CPU has avx512_vnni")
-    assert auto_layer_products(options(quant="int4"), "phi3")[0] == "nbits"  # the traced exporter's architecture
-    assert auto_layer_products(options(quant="int4", exporter="traced"), "qwen2")[0] == "nbits"
-    assert auto_layer_products(options(quant="int8"), "qwen2") == ("nbits", "--quant int8")
-    monkeypatch.setattr(int8_rows, "dot_product_flags", lambda: ())
-    assert auto_layer_products(options(quant="int4"), "qwen2")[0] == "nbits"
+    assert auto_layer_products(options(quant="int4"), "qwen2")[0] == ("nbits", "int8")
+    assert auto_layer_products(options(quant="int4"), "phi3")[0] == ("nbits",)  # the traced exporter's architecture
+    assert auto_layer_products(options(quant="int4", exporter="traced"), "qwen2")[0] == ("nbits",)
+    assert auto_layer_products(options(quant="int8"), "qwen2") == (("nbits",), "--quant int8")
     assert bundle.LAYER_PRODUCTS == ("nbits", "int8")
+    assert not hasattr(int8_rows, "dot_product_flags")

@@ -426,6 +426,20 @@ def test_api_key_guards_every_route_but_health_and_the_page(decoder):
         ServerOptions(model_name=MODEL, api_keys=(" sk",))
 
 
+def test_ctx_size_is_split_between_the_workers_as_llama_server_s():
+    import argparse
+
+    from specdec.cli.serve import worker_context
+
+    args = lambda **given: argparse.Namespace(**{"ctx_size": None, "max_context": None, "workers": 1, **given})  # noqa: E731
+    assert worker_context(args(ctx_size=32768, workers=2)) == 16384
+    assert worker_context(args(max_context=4096, workers=2)) == 4096 and worker_context(args()) is None
+    with pytest.raises(ValueError, match="give one"):
+        worker_context(args(ctx_size=100, max_context=100))
+    with pytest.raises(ValueError, match="fewer than 2"):
+        worker_context(args(ctx_size=3, workers=2))
+
+
 def test_serve_reads_api_keys_from_flags_and_a_file(tmp_path):
     import argparse
 
@@ -469,7 +483,7 @@ def test_llama_server_flags_and_several_hosts(chat_bundle):
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"] == "llama-name"
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 404
         assert httpx.get(f"http://127.0.0.1:{port}/props", timeout=10).json()["default_generation_settings"][
-            "n_ctx"] == 256
+            "n_ctx"] == 128  # llama-server's -c: the context split between the 2 workers
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -505,3 +519,41 @@ def test_cors_as_llama_server(decoder, origins, origin, allowed):
         assert named == (origin if allowed else None)
         answer = httpx.get(url + "/v1/models", headers={"Origin": origin, "Authorization": "Bearer sk"}, timeout=30)
         assert answer.status_code == 200 and answer.headers.get("access-control-allow-origin") == named
+
+
+def test_llama_server_extensions_on_openai_routes(served, decoder):
+    """What llama-server's clients read besides OpenAI's fields: logit_bias (ids; text keys as their tokens; false
+    bans), system_fingerprint, /apply-template and the prompt's token count, and a context overflow's counts (its
+    exceed_context_size_error type on the un-prefixed route, OpenAI's shape on /v1)."""
+    from specdec import SamplingConfig
+
+    url = served[0]
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    plain = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    assert plain["system_fingerprint"].startswith("b")
+    completion = {"prompt": "def add(a, b):", "n_predict": 12, "temperature": 0, "return_tokens": True}
+    emitted = httpx.post(f"{url}/completion", json=completion, timeout=60).json()["tokens"]
+    banned = sorted(set(emitted))[:3]
+    text_of = {t: decoder.codec.decode([t]) for t in set(emitted)}
+    words = [t for t, text in text_of.items() if text and decoder.codec.encode(text, special=False) == [t]][:3]
+    for bias in ([[t, False] for t in banned], {str(t): -100 for t in banned},
+                 [[text_of[t], False] for t in words]):
+        if not bias:
+            continue  # no token of this output reads back as itself from its text
+        banned_here = words if isinstance(bias, list) and isinstance(bias[0][0], str) else banned
+        again = httpx.post(f"{url}/completion", json={**completion, "logit_bias": bias}, timeout=60).json()["tokens"]
+        assert again != emitted and not set(again) & set(banned_here), bias
+    config = SamplingConfig(logit_bias={t: -100 for t in banned})
+    expected = decoder.chat(MESSAGES, max_new_tokens=12, sampling=config).text
+    biased = httpx.post(f"{url}/v1/chat/completions", json={**body, "logit_bias": {str(t): -100 for t in banned}},
+                        timeout=60).json()["choices"][0]["message"]["content"]
+    assert biased == expected
+    prompt = httpx.post(f"{url}/apply-template", json={"messages": MESSAGES}, timeout=30).json()["prompt"]
+    assert "def add(a, b):" in prompt and "be brief" in prompt
+    counted = httpx.post(f"{url}/chat/completions/input_tokens", json={"messages": MESSAGES}, timeout=30).json()
+    assert counted["input_tokens"] == len(decoder.codec.encode(prompt, special=False))
+    long = {"messages": MESSAGES * 400, "max_tokens": 4}
+    error = httpx.post(f"{url}/chat/completions", json=long, timeout=60).json()["error"]
+    assert error["type"] == "exceed_context_size_error" and error["n_prompt_tokens"] > error["n_ctx"] > 0
+    error = httpx.post(f"{url}/v1/chat/completions", json={**long, "model": MODEL}, timeout=60).json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "context_length_exceeded"

@@ -36,7 +36,7 @@ SWITCHES = {"--offline", "--cont-batching", "--embedding", "--reranking", "--met
 MODEL_SOURCE = {"--hf-repo", "--hf-file", "--model", "-m", "--model-url", "--offline", "--models-dir",
                 "--models-max", "--models-preset", "--model-draft", "--mmproj-url", "--no-mmproj"}
 # llama-server's flag -> specdec serve's (the rest have no meaning to specdec and are dropped)
-TO_SPECDEC = {"--host": "--host", "--port": "--port", "--alias": "--model-name", "--ctx-size": "--max-context",
+TO_SPECDEC = {"--host": "--host", "--port": "--port", "--alias": "--model-name", "--ctx-size": "--ctx-size",
               "--parallel": "--workers", "--slot-save-path": "--slot-save-path", "--api-key": "--api-key",
               "--threads": "--threads", "--no-ui": "--no-webui", "--cors-origins": "--cors-origins"}
 

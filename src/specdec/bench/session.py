@@ -70,7 +70,8 @@ SPECDEC_MODES = {"default": {}, "target": {"num_draft_tokens": 0},
 
 def start_specdec_server(bundle: str, threads: int | None = None, max_context: int | None = None,
                          log_path: str | None = None, no_verify: bool = False, mode: str = "default",
-                         provider: str = "cpu", exact_rows: bool | None = None) -> SessionServer:
+                         provider: str = "cpu", exact_rows: bool | None = None,
+                         weight_form: str | None = None) -> SessionServer:
     """``python -m specdec.cli.main serve BUNDLE`` on a free 127.0.0.1 port, one worker; waits for /health.
     ``mode``: one of ``SPECDEC_MODES``, whose options every request of this server carries."""
     port = free_port()
@@ -81,6 +82,7 @@ def start_specdec_server(bundle: str, threads: int | None = None, max_context: i
     argv += ["--no-verify"] if no_verify else []
     argv += ["--provider", provider] if provider != "cpu" else []
     argv += {True: ["--exact-rows"], False: ["--no-exact-rows"], None: []}[exact_rows]
+    argv += ["--weight-form", weight_form] if weight_form else []
     process = ServerProcess(argv, port, "specdec serve", log_path).start(SPECDEC_HEALTH_TIMEOUT)
     name = "specdec" if mode == "default" else f"specdec:{mode}"
     return SessionServer(name, process.url, "specdec", process, SPECDEC_MODES[mode])

@@ -51,10 +51,13 @@ def generation_options(args, **changes):
 
 def add_load_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "tensorrt-native"])
-    parser.add_argument("--max-context", "-c", "--ctx-size", type=int, default=None, help="KV cache size in tokens (default: the model's trained context, capped by free memory; "
+    parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default: the model's trained context, capped by free memory; "
                              "the choice is logged)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle files")
+    parser.add_argument("--weight-form", default=None, choices=["nbits", "int8"],
+                        help="which of the target's weight forms to run when the bundle carries several (default: the "
+                             "one this machine measured faster on its first load; the choice is logged)")
     rows = parser.add_mutually_exclusive_group()
     rows.add_argument("--exact-rows", dest="exact_rows", action="store_const", const=True, default=None,
                       help="always run the target's one-token passes as two rows (default: only on a CPU whose "

@@ -143,7 +143,8 @@ def cmd_bench(args) -> int:
             session_options(args.threads)  # the process-wide thread pool first, as when specdec's models load first
             peers = load_peers(args, encode, say, llama)
         decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
-                                          threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows)
+                                          threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows,
+                                          weight_form=args.weight_form)
         preflight(decoder, prompts, modes, args.max_new_tokens, args.temperature)
         if not args.peers_first:
             peers = load_peers(args, encode, say, llama)
@@ -202,7 +203,7 @@ def cmd_session(args) -> int:
                 say(f"session: starting specdec serve {args.bundle} ({mode})")
                 servers.append(start_specdec_server(args.bundle, args.threads, args.max_context,
                                                     str(out / f"specdec-serve-{mode}.log"), args.no_verify, mode,
-                                                    args.provider, args.exact_rows))
+                                                    args.provider, args.exact_rows, args.weight_form))
         if llama:
             binary, target, draft, modes, extra = llama
             for mode in modes:  # a server per mode, each with its own cache

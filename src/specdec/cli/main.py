@@ -65,7 +65,8 @@ def _load(args):
     from specdec.decoding.decoder import SpeculativeDecoder
 
     return SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
-                                   threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows)
+                                   threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows,
+                                   weight_form=args.weight_form)
 
 
 def _conversation(system, user=None) -> list:

@@ -49,6 +49,9 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
                        help="web pages whose scripts may read answers: localhost (default: pages of this machine), "
                             "* (any page, llama-server's default), a comma list of origins, or '' (none)")
+    serve.add_argument("--ctx-size", "-c", type=int, default=None, metavar="N",
+                       help="llama-server's -c: N tokens of context split between the workers (each --max-context "
+                            "N / --workers)")
     add_load_args(serve)
     ray = serve.add_argument_group("Ray Serve (the [ray] extra)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on a Ray cluster instead of this process")
@@ -94,6 +97,17 @@ def _show_logs() -> None:
     logging.getLogger("specdec").setLevel(logging.INFO)
 
 
+def worker_context(args) -> int | None:
+    """Each worker's context: --max-context, or llama-server's -c split between the workers (one, not both)."""
+    if args.ctx_size is None:
+        return args.max_context
+    if args.max_context is not None:
+        raise ValueError("--ctx-size / -c and --max-context both size the context: give one")
+    if args.ctx_size < 2 * args.workers:
+        raise ValueError(f"--ctx-size {args.ctx_size} leaves fewer than 2 tokens to each of {args.workers} workers")
+    return args.ctx_size // args.workers
+
+
 def cmd_serve(args) -> int:
     if args.slot_save_path is not None and args.ray:
         raise ValueError("--slot-save-path is for one process's workers: with --ray a request reaches any replica, "
@@ -109,9 +123,10 @@ def cmd_serve(args) -> int:
                              host=args.host, port=args.port,
                              workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
                              max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
-                             address=args.address, provider=args.provider, max_context=args.max_context,
+                             address=args.address, provider=args.provider, max_context=worker_context(args),
                              threads=args.threads, verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                             suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows)
+                             suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
+                             weight_form=args.weight_form)
         return serve_on_ray(options)
     try:
         import uvicorn
@@ -132,9 +147,10 @@ def cmd_serve(args) -> int:
     for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 MiB, got {value}")
-    load_options = LoadOptions(provider=args.provider, max_context=args.max_context, threads=args.threads,
+    load_options = LoadOptions(provider=args.provider, max_context=worker_context(args), threads=args.threads,
                                verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                               suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows)
+                               suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
+                             weight_form=args.weight_form)
     exposed = [host for host in host_list(args.host) if host not in ("127.0.0.1", "localhost", "::1")]
     if exposed and not server_options.api_keys:
         print(f"specdec: serving on {', '.join(exposed)} without --api-key: anyone who reaches that address can use "

@@ -112,7 +112,7 @@ def open_bundle(bundle_dir: str | Path, verify: bool = True, hash_cache: Path | 
     """Read and check a bundle. ``verify``: check every file's sha256 against the manifest."""
     root = Path(bundle_dir)
     manifest = Manifest.read(root)
-    needed = {manifest.tokenizer_file} | {spec.onnx_file for spec in manifest.models().values()}
+    needed = {manifest.tokenizer_file} | {path for spec in manifest.models().values() for path in spec.files()}
     for relative in needed:
         if relative not in manifest.files:
             raise BundleError(f"manifest.json does not list a hash for {relative}: the bundle is incomplete")
@@ -120,7 +120,8 @@ def open_bundle(bundle_dir: str | Path, verify: bool = True, hash_cache: Path | 
         if not inside(root, relative).is_file():
             raise BundleError(f"bundle file {relative} is missing: re-export the bundle")
     for spec in manifest.models().values():
-        _check_external_data(root, spec.onnx_file, manifest.files)
+        for path in spec.files():
+            _check_external_data(root, path, manifest.files)
     if verify:
         cache = HashCache(hash_cache)
         for relative, expected in manifest.files.items():

@@ -20,6 +20,9 @@ from specdec.contract.field_checks import (FieldError, anything, dimension, fail
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 ROLES = ("target", "draft")
+# how a model's decoder-layer projections hold their weights: MatMulNBits' int4 blocks, or int8 rows
+# (export/int8_rows.py); a bundle may carry a model in both (ModelSpec.weight_forms)
+WEIGHT_FORMS = ("nbits", "int8")
 TENSOR_DTYPES = ("bool", "int8", "int32", "int64", "float32", "float16", "bfloat16")  # numpy names the contract may use
 MODEL_DTYPES = ("float32", "float16", "bfloat16")  # weights
 KV_DTYPES = MODEL_DTYPES + ("int8",)  # KV cache; int8: the folded form's, a float32 scale per row (kv_scale_tensors)
@@ -106,6 +109,13 @@ class ModelSpec:
     # 0 in bundles written before this field (their one-token passes round differently from verify passes).
     attention_scratch_rows: int = 0
     attention: str = "gqa"  # fused form: see ATTENTION_FORMS ("gqa" in bundles written before this field)
+    # the same graph written with other weight forms: ((form, onnx file), ...), the first being onnx_file's; the
+    # machine that loads the bundle measures them and runs one (decoding/forms.py). Empty: onnx_file alone.
+    weight_forms: tuple = ()
+
+    def files(self) -> tuple:
+        """Every ONNX file of this model: onnx_file, then its other weight forms'."""
+        return tuple(dict.fromkeys([self.onnx_file, *(path for _, path in self.weight_forms)]))
 
     def __post_init__(self):
         prefix = self.role if self.role in ROLES else "model"
@@ -204,7 +214,17 @@ MODEL_FIELDS = {
     "vocab_subset": optional(text),
     "attention_scratch_rows": int_in(0, 1),
     "attention": one_of(ATTENTION_FORMS),
+    "weight_forms": lambda value, where: _weight_forms(value, where),
 }
+
+
+def _weight_forms(value, where) -> tuple:
+    pairs = tuple_of(tuple_of(text))(value, where)
+    if any(len(pair) != 2 or pair[0] not in WEIGHT_FORMS for pair in pairs):
+        fail(where, f"a list of [form, onnx file] pairs, forms one of {', '.join(WEIGHT_FORMS)}", value)
+    if pairs and len({form for form, _ in pairs}) != len(pairs):
+        fail(where, "a list naming each form once", value)
+    return pairs
 
 
 def _kv_dims(shape: tuple) -> tuple:
@@ -345,7 +365,11 @@ class Manifest:
         return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False) + "\n"
+        data = dataclasses.asdict(self)
+        for role in ROLES:  # a model in one form writes no weight_forms: its manifest (and identity) as before the field
+            if data.get(role) is not None and not data[role]["weight_forms"]:
+                del data[role]["weight_forms"]
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
     @staticmethod
     def from_json(text: str) -> "Manifest":

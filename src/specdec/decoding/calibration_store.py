@@ -11,8 +11,9 @@ kernels), the onnxruntime version, the provider and the thread count.
   c(1) and ``auto`` ran one-token drafts on prose where they lose. A noisy entry is replaced by the next
   measurement made on a quieter CPU (``SpeculativeDecoder.refine_costs``, which a server runs while it is idle);
   a quiet entry is never replaced by a noisier one.
-- ``row-checks.json``: whether the target's one-token pass rounds as a row of a wider pass and the widest pass
-  whose rows equal a narrow pass's (runners/row_parity.py): facts of the kernels, not of the load beside them.
+- ``load-checks.json``: what a load finds out once: whether the target's one-token pass rounds as a row of a wider
+  pass and the widest pass whose rows equal a narrow pass's (runners/row_parity.py), and which of a model's weight
+  forms runs faster here (decoding/forms.py).
 
 A file that is missing, malformed or of another layout is ignored (and rewritten on the next save); a wrong entry
 is dropped.
@@ -34,11 +35,11 @@ from specdec.decoding.cost_model import Costs
 
 log = logging.getLogger(__name__)
 FILE_NAME = "pass-costs.json"
-ROWS_FILE_NAME = "row-checks.json"
+CHECKS_FILE_NAME = "load-checks.json"
 # 2: the costs' growth with the context (verify_slope, draft_slope); 3: measured on a quiet CPU (OtherLoad);
 # 4: every entry with the other processes' cores it was measured beside (noisy ones kept, replaced when quieter)
 LAYOUT = 4
-ROWS_LAYOUT = 1
+CHECKS_LAYOUT = 1
 # the CPU other processes may have used while costs were measured (cores, on average) for the costs to be stored:
 # a quiet 2-core VM shows 0.01; a busy loop beside the calibration 0.65; one busy half the time 0.28
 OTHER_CORES_LIMIT = 0.1
@@ -107,9 +108,10 @@ def machine_key(bundle_identity: str, provider: str, threads: int | None, **more
 
 
 def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int,
-                    one_row_padded: bool = False) -> str:
-    # exact_rows: a padded one-token pass costs a two-token one (keys without it stay as they were)
-    more = {"one_row_padded": True} if one_row_padded else {}
+                    one_row_padded: bool = False, form: str | None = None) -> str:
+    # exact_rows: a padded one-token pass costs a two-token one; form: the weight form run (keys without either
+    # stay as they were)
+    more = ({"one_row_padded": True} if one_row_padded else {}) | ({"form": form} if form else {})
     return machine_key(bundle_identity, provider, threads, max_tokens=max_tokens, context=context, **more)
 
 
@@ -168,10 +170,23 @@ def save_costs(key: str, costs: Costs, path: Path | None = None, other_cores: fl
     return True
 
 
+def load_check(key: str, path: Path | None = None) -> dict | None:
+    """A load's stored finding under ``key`` (a dict), or None."""
+    entry = _read(path or cache_dir() / CHECKS_FILE_NAME, CHECKS_LAYOUT).get(key)
+    return entry if isinstance(entry, dict) else None
+
+
+def save_check(key: str, entry: dict, path: Path | None = None) -> None:
+    path = path or cache_dir() / CHECKS_FILE_NAME
+    entries = _read(path, CHECKS_LAYOUT)
+    entries[key] = entry
+    _write(path, CHECKS_LAYOUT, entries, "load checks")
+
+
 def load_row_checks(key: str, path: Path | None = None) -> dict | None:
     """The stored row checks (``{"one_row": gap, "two_rows": gap, "exact_width": int | None}``) or None."""
-    entry = _read(path or cache_dir() / ROWS_FILE_NAME, ROWS_LAYOUT).get(key)
-    if not isinstance(entry, dict):
+    entry = load_check(key, path)
+    if entry is None:
         return None
     gaps, width = (entry.get("one_row"), entry.get("two_rows")), entry.get("exact_width")
     if not all(isinstance(g, (int, float)) and not isinstance(g, bool) and g >= 0 for g in gaps):
@@ -182,7 +197,5 @@ def load_row_checks(key: str, path: Path | None = None) -> dict | None:
 
 
 def save_row_checks(key: str, checks: dict, path: Path | None = None) -> None:
-    path = path or cache_dir() / ROWS_FILE_NAME
-    entries = _read(path, ROWS_LAYOUT)
-    entries[key] = {"one_row": checks["one_row"], "two_rows": checks["two_rows"], "exact_width": checks["exact_width"]}
-    _write(path, ROWS_LAYOUT, entries, "row checks")
+    save_check(key, {"one_row": checks["one_row"], "two_rows": checks["two_rows"],
+                     "exact_width": checks["exact_width"]}, path)

@@ -33,6 +33,7 @@ from pathlib import Path
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, calibration_key, load_costs_entry,
                                                 load_row_checks, machine_key, save_costs, save_row_checks)
+from specdec.decoding.forms import choose_form
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
 from specdec.runners.fused import make_runner
 from specdec.runners.standard import DEFERRED
@@ -89,6 +90,7 @@ class SpeculativeDecoder:
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
         self.context_reason = ""  # why max_context is what it is (load's default: the trained context or memory)
+        self.weight_form: str | None = None  # the target's weight form, when its bundle carries several
         self.rows_exact: bool | None = None  # a one-token pass equals a verify row bit for bit (None: not checked:
         # a GPU provider, or a cache too small to compare)
         # (role, tokens, seconds) of every pass with every row's logits, as the proposer sees them (for tools)
@@ -102,7 +104,7 @@ class SpeculativeDecoder:
     def load(cls, bundle_dir, provider: str = "cpu", max_context: int | None = None, threads: int | None = None,
              verify: bool = True, cache_ram_mib: float = 0,
              suffix_cache_mib: float = DEFAULT_CACHE_MIB, exact_rows: bool | None = None,
-             kv_caches: int = 1) -> "SpeculativeDecoder":
+             kv_caches: int = 1, weight_form: str | None = None) -> "SpeculativeDecoder":
         """Open ``bundle_dir`` (checking every file's sha256 unless ``verify=False``) on an ORT provider.
 
         ``max_context`` sizes the KV caches. Default: the model's trained context (its max positions), capped by
@@ -119,7 +121,11 @@ class SpeculativeDecoder:
         the load's check finds this CPU's one-token pass rounding unlike a verify row (checked once per machine
         and stored: decoding/calibration_store.py); True: always; False: never (outputs are then greedy
         decodings of the same int4 weights that may part from target-only's on near-ties; logged).
+        ``weight_form``: which of the target's weight forms to run ("nbits", "int8") when the bundle carries several;
+        None: the one this machine measured faster (decoding/forms.py; measured on the first load, then stored).
         """
+        if weight_form is not None and not isinstance(weight_form, str):
+            raise ValueError(f"weight_form must be None or a form's name, got {weight_form!r}")
         if exact_rows is not None and not isinstance(exact_rows, bool):
             raise ValueError(f"exact_rows must be true, false or None (auto), got {exact_rows!r}")
         for name, value in (("cache_ram_mib", cache_ram_mib), ("suffix_cache_mib", suffix_cache_mib)):
@@ -144,14 +150,18 @@ class SpeculativeDecoder:
         if available is not None:
             check_fits(budget(root, manifest, max_context, step_tokens, caches=kv_caches), manifest, available,
                        max_context, caches=kv_caches)
+        identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        form = None  # the target's weight form, when the bundle carries several
         if provider in RUNNER_BACKENDS:
             runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
         else:
             # the target's session now (the tokenizer meanwhile), the draft's on a thread of its own once the target's
             # is made: load returns (a server answers /health) while the draft's weights are still being packed, and
             # a pass of the draft waits for them (runners/sessions.py)
+            form, target_file = choose_form(root, manifest.target, identity, provider, threads, weight_form)
+            files = {"target": target_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft else {})
             runners = {
-                role: make_runner(str(inside(root, spec.onnx_file)), spec, provider, max_context, step_tokens, threads,
+                role: make_runner(str(inside(root, files[role])), spec, provider, max_context, step_tokens, threads,
                                   kept_ids=load_kept_ids(root, spec), session=DEFERRED if role == "draft" else None)
                 for role, spec in manifest.models().items()
             }
@@ -160,8 +170,7 @@ class SpeculativeDecoder:
             if getattr(runners["target"], "sessions", None) is not None:
                 runners["target"].sessions.get()
             codec = codec.result()
-        identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
-        checks = _row_checks(runners["target"], identity, provider, threads) if provider == "cpu" else None
+        checks = _row_checks(runners["target"], identity, provider, threads, form) if provider == "cpu" else None
         rows_exact, pad = _one_row_choice(checks, exact_rows)
         runners["target"].pad_one_row = pad
         if checks is not None:
@@ -171,11 +180,12 @@ class SpeculativeDecoder:
                 log.info("target passes of more than %d tokens round unlike narrower ones on this CPU: prefill "
                          "chunks and verify passes stay within %d tokens (outputs unchanged by the cache)", width, width)
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, pad)
+        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, pad, form)
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
         decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
                       calibration_key=key, suffix_cache=suffix, identity=identity)
         decoder.rows_exact = rows_exact
+        decoder.weight_form = form
         decoder.context_reason = reason
         decoder.closes_draft = provider == "cpu"
         if decoder.draft_sessions is not None:  # a session opened again reads its weight file again
@@ -193,6 +203,7 @@ class SpeculativeDecoder:
                                     self.prompt_cache, self._calibration_key, self.suffix_cache, self.probe_budget,
                                     self.identity)
         forked.rows_exact = self.rows_exact
+        forked.weight_form = self.weight_form
         forked._costs_other_cores = self._costs_other_cores
         forked.context_reason = self.context_reason
         forked.closes_draft = self.closes_draft
@@ -596,13 +607,13 @@ def _free_memory(provider: str) -> int | None:
             pass  # no cuda-python: the provider check reports what is missing
     return available
 
-def _row_checks(target, identity: str, provider: str, threads: int | None) -> dict:
+def _row_checks(target, identity: str, provider: str, threads: int | None, form: str | None = None) -> dict:
     """This machine's row checks of the target (runners/row_parity.py): ``{"one_row", "two_rows"}``, the largest
     logit gaps of an unpadded one-token pass and of a two-row pass from a verify row (None: the cache is too small to
     tell), and ``exact_width``. Measured once per bundle, CPU, onnxruntime and thread count, then read from the
     store (decoding/calibration_store.py): they depend on the kernels only."""
     key = machine_key(identity, provider, threads, checks="rows", step_tokens=target.max_step_tokens,
-                      deep=target.max_context >= DEEP + max(WIDTHS) + 1)
+                      deep=target.max_context >= DEEP + max(WIDTHS) + 1, **({"form": form} if form else {}))
     stored = load_row_checks(key)
     if stored is not None:
         return stored

@@ -193,6 +193,8 @@ def make_request(codec: TextCodec, limits: Limits, prompt, options: GenerationOp
         others = [name for name, entry in proposer_entries().items() if not entry.needs_draft]
         raise GenerationError.bad("proposer", f"{proposer!r} needs a draft model, and this bundle has no draft "
                                               f"model: use {' or '.join(map(repr, others))}, or num_draft_tokens=0")
+    if any(t >= limits.vocab_size for t, _ in options.sampling.logit_bias):
+        raise GenerationError.bad("logit_bias", f"token ids must be in 0..{limits.vocab_size - 1}")
     if any(t >= limits.vocab_size for t in options.stop_token_ids):
         raise GenerationError.bad("stop_token_ids", f"must be integers in 0..{limits.vocab_size - 1}")
     compiled = None

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec.sampling.acceptance import greedy_accept, one_hot_rows, speculative_accept
 from specdec.sampling.coupling import coupled_token, coupled_top_k
-from specdec.sampling.processors import (SamplingConfig, greedy_token, penalized_scores, sample,
+from specdec.sampling.processors import (SamplingConfig, biased, greedy_token, penalized_scores, sample,
                                         sampling_distribution)
 from specdec.decoding.constraint import GrammarGuide, TokenLogprob, masked
 from specdec.decoding.tree import DraftTree, greedy_tree_accept, pick_children, tree_speculative_accept
@@ -72,7 +72,7 @@ class TokenRule:
         logits: [V] raw; context: [N] ids the repetition penalty sees; path: the tokens after the committed
         output before ``position`` (the constraint's state)."""
         if self.mode == "greedy":
-            if self.guide is not None and self.config.repetition_penalty == 1.0:
+            if self.guide is not None and self.config.repetition_penalty == 1.0 and not self.config.logit_bias:
                 allowed = self.guide.mask(path)
                 best = int(np.argmax(logits))
                 if allowed is None or (allowed[best] and np.isfinite(logits[best])):
@@ -143,7 +143,8 @@ class TokenRule:
         greedy: the constrained, penalized softmax at temperature 1 (greedy takes its argmax)."""
         row = self.constrained(logits, path)
         if self.mode == "greedy":
-            scores = penalized_scores(row, context, self.config.repetition_penalty).astype(np.float64)
+            scores = penalized_scores(biased(row, self.config.logit_bias), context,
+                                      self.config.repetition_penalty).astype(np.float64)
             top = np.max(scores)
             with np.errstate(divide="ignore"):
                 logp = scores - top - np.log(np.sum(np.exp(scores - top)))
@@ -164,7 +165,8 @@ class TokenRule:
         ``path``: the node's tokens after the committed output (the grammar masks the draft's row)."""
         logits = self.draft_row(logits, path)
         if self.mode == "greedy":
-            ranking = SamplingConfig(temperature=1.0, repetition_penalty=self.config.repetition_penalty)
+            ranking = SamplingConfig(temperature=1.0, repetition_penalty=self.config.repetition_penalty,
+                                     logit_bias=self.config.logit_bias)
             return sampling_distribution(logits, context, ranking)
         return sampling_distribution(logits, context, self.config)
 

@@ -99,8 +99,8 @@ class ExportOptions:
     # per pass; "gqa" is onnxruntime's GroupQueryAttention (the traced exporter's, float32 KV only)
     attention: str = "folded"
     # the target's decoder-layer projections: "nbits" (MatMulNBits, int4) or "int8" (QuantRecipe.layer_products;
-    # the draft keeps MatMulNBits: its passes are one token wide); "auto" = int8 for a streamed int4 export on a
-    # CPU with int8 dot products (AMX, AVX-512 VNNI, AVX-VNNI: auto_layer_products), else nbits
+    # the draft keeps MatMulNBits: its passes are one token wide); "auto" = both for a streamed int4 export, the
+    # loading machine measuring which to run (auto_layer_products), else nbits
     layer_products: str = "auto"
 
     def __post_init__(self):
@@ -204,21 +204,18 @@ KV_DTYPES = ("auto", "float32", "float16", "int8")
 DEFAULT_KV_DTYPE = "float16"  # --kv-dtype auto for streamed exports (perplexity within 0.05% of float32: docs/bundle.md)
 
 
-def auto_layer_products(options: ExportOptions, model_type: str) -> tuple[str, str]:
-    """(what ``--layer-products auto`` stands for, why): int8 where the export is streamed int4 and this CPU has int8
-    dot products (int8_rows.py; the real 1.5B target on a Xeon with AMX: 64-token prefill passes 0.37x, 5-token
-    verify 0.71x, one-token 1.06x MatMulNBits' time, perplexity 3.647 against 3.655), else nbits."""
-    from specdec.export.int8_rows import dot_product_flags
-
+def auto_layer_products(options: ExportOptions, model_type: str) -> tuple[tuple, str]:
+    """(the weight forms ``--layer-products auto`` writes the target in, why). A streamed int4 target is written
+    in both (MatMulNBits' int4 blocks and int8 rows: export/int8_rows.py) and the machine that loads the bundle
+    measures which to run (decoding/forms.py): which is faster depends on the CPU (on a 2-core AMX Xeon int8 rows
+    made 64-token passes 0.37x and one-token passes 1.06x MatMulNBits' time; on a Zen 4 EPYC 0.51x and 1.24x), and
+    a bundle is exported once and copied to other machines. Otherwise nbits alone."""
     if options.quant != "int4":
-        return "nbits", f"--quant {options.quant}"
+        return ("nbits",), f"--quant {options.quant}"
     refusal = "--exporter traced" if options.exporter == "traced" else options.streamed_refusal("target", model_type)
     if refusal is not None:
-        return "nbits", refusal
-    flags = dot_product_flags()
-    if not flags:
-        return "nbits", "this CPU has no int8 dot-product instructions (AMX, AVX-512 VNNI, AVX-VNNI)"
-    return "int8", f"this CPU has {', '.join(flags)}"
+        return ("nbits",), refusal
+    return ("nbits", "int8"), "both, the loading machine measures which to run"
 
 
 def auto_quant_method(source: str | None, quant: str) -> str:
@@ -362,8 +359,10 @@ def _export_float(role, source: ModelSource, tokenizer, options: ExportOptions, 
     return spec, parity, references, prompt, extra, float_dir
 
 
-def _export_streamed(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
-    """The streamed exporter in a worker process (export/streamed.py): (spec, parity, weight report)."""
+def _export_streamed(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress,
+                     folder: str | None = None) -> tuple:
+    """The streamed exporter in a worker process (export/streamed.py): (spec, parity, weight report), written into
+    ``staging / folder`` (default: the role's folder; the spec's onnx_file names it)."""
     from specdec.export.streamed import export_streamed
 
     parity_ids = None
@@ -371,14 +370,16 @@ def _export_streamed(role, source: ModelSource, tokenizer, options: ExportOption
         parity_ids = (_encode(tokenizer, PARITY_PROMPT), (_encode(tokenizer, PARITY_EXTRA) * 5)[:5])
     plan = options.weight_plan(role)
     what = f"{options.quant}, {plan.method}" if options.quant == "int4" else options.quant
-    progress(f"{role}: streamed export of {source.label} ({what})")
+    folder = folder or role
+    progress(f"{folder}: streamed export of {source.label} ({what}, layers {plan.layer_products})")
     try:
-        spec, parity, report = export_streamed(role, source, tokenizer, plan, staging / role, progress, parity_ids,
+        spec, parity, report = export_streamed(role, source, tokenizer, plan, staging / folder, progress, parity_ids,
                                                tie_embeddings=options.tie_embeddings,
                                                kv_dtype=options.kv_dtype_for(None), attention=options.attention)
-        return spec, parity, {"exporter": "streamed", **report}
+        return replace(spec, onnx_file=f"{folder}/{Path(spec.onnx_file).name}"), parity, {"exporter": "streamed",
+                                                                                          **report}
     except OSError as exc:
-        raise ExportError(f"{role}: {_write_failure(exc, staging / role)}") from None
+        raise ExportError(f"{role}: {_write_failure(exc, staging / folder)}") from None
 
 
 def _export_one(role, source: ModelSource, tokenizer, options: ExportOptions, staging: Path, progress) -> tuple:
@@ -466,11 +467,12 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
         if method in GGUF_METHODS and source is not None and not source.gguf_file:
             raise ExportError(f"--quant-method {method} carries a GGUF's blocks over: the {role} {source.label} "
                               "is not a .gguf file")
+    forms = (options.layer_products,)
     if options.layer_products == "auto":
-        products, why = auto_layer_products(options, _model_type(target_source))
-        options = replace(options, layer_products=products)
+        forms, why = auto_layer_products(options, _model_type(target_source))
+        options = replace(options, layer_products=forms[0])
         if options.quant == "int4":  # int8 needs int4; other quants say nothing
-            progress(f"target's layer products: {products} ({why})")
+            progress(f"target's layer products: {' and '.join(forms)} ({why})")
     progress("loading tokenizers")
     tokenizers = {"target": load_tokenizer(target_source)}
     if draft_source is not None:
@@ -499,6 +501,15 @@ def export_bundle(options: ExportOptions, progress=None) -> Manifest:
                 "draft", draft_source, tokenizers["draft"], options, staging, progress)
         specs["target"], parity["target"], carried["target"] = _export_one(
             "target", target_source, tokenizers["target"], options, staging, progress)
+        for form in forms[1:]:  # the target again, its layers in another weight form (its own folder)
+            other, parity[f"target-{form}"], _ = run_isolated(
+                _export_streamed, "target", target_source, tokenizers["target"],
+                replace(options, layer_products=form), staging, _for_worker(progress), f"target-{form}")
+            base = specs["target"]
+            if replace(other, onnx_file=base.onnx_file) != base:
+                raise ExportError(f"the target's {form} graph does not share the {forms[0]} graph's contract")
+            specs["target"] = replace(base, weight_forms=((forms[0], base.onnx_file),
+                                                          *base.weight_forms[1:], (form, other.onnx_file)))
         if draft_source is not None:
             specs["draft"] = check_specs(specs["target"], specs["draft"])
         if not save_tokenizer(tokenizers["target"], staging / "tokenizer"):

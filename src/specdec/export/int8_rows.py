@@ -21,25 +21,12 @@ onnxruntime's ``reduce_range``) so a pair of u8 x s8 products never saturates ``
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 WEIGHT_LEVELS = 63  # 7-bit weights (module docstring: AVX2's vpmaddubsw)
 ROW_LEVELS = 127.0  # 8-bit activations, zero point 128
 ZERO_POINT = 128
 TINY = 1e-30  # a row of zeros keeps a scale (its products are 0 whatever the scale)
-DOT_PRODUCT_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # /proc/cpuinfo: int8 dot products without saturation
-
-
-def dot_product_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
-    """Which of ``DOT_PRODUCT_FLAGS`` this CPU has (none where /proc/cpuinfo is not readable)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return ()
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return tuple(flag for flag in DOT_PRODUCT_FLAGS if flag in flags)
 
 
 def channel_quantized(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> tuple[np.ndarray, np.ndarray]:

@@ -53,12 +53,22 @@ def pass_bytes_per_token(manifest: Manifest, step_tokens: int) -> int:
     return total
 
 
+def model_weight_bytes(root: Path, manifest: Manifest, spec) -> int:
+    """The bytes of a model's files (its ONNX folder's); of its largest weight form when it has several (a load
+    runs one, which the budget does not know before it is chosen)."""
+    sizes = []
+    for onnx_file in spec.files():
+        folder = Path(onnx_file).parent.as_posix() + "/"
+        sizes.append(sum((root / rel).stat().st_size for rel in manifest.files
+                         if rel.startswith(folder) and (root / rel).is_file()))
+    return max(sizes)
+
+
 def budget(bundle_dir: str | Path, manifest: Manifest, max_context: int, step_tokens: int = 64,
            workspace: int = 0, caches: int = 1) -> Budget:
     """``caches``: KV caches held at once (a server's workers each fork one)."""
     root = Path(bundle_dir)
-    weights = sum((root / rel).stat().st_size for rel in manifest.files
-                  if rel.startswith(("target/", "draft/")) and (root / rel).is_file())
+    weights = sum(model_weight_bytes(root, manifest, spec) for spec in manifest.models().values())
     buffers = sum(step_tokens * spec.vocab_size * 4 for spec in manifest.models().values())
     buffers += caches * pass_bytes_per_token(manifest, step_tokens) * max_context
     return Budget(weights=weights, kv_cache=caches * kv_bytes_per_token(manifest) * max_context, buffers=buffers,

@@ -1,8 +1,9 @@
 """Sampling options and logits processors, with Hugging Face transformers' semantics and order.
 
-Order (as ``GenerationMixin`` builds it): repetition penalty, then temperature, top-k,
-top-p, min-p. Greedy decoding (temperature 0) applies only the repetition penalty and
-takes the argmax, as transformers' greedy search does. Pure numpy functions over one row
+Order: the logit bias (OpenAI's and llama-server's ``logit_bias``: added to the model's logits, -inf bans a
+token), then as ``GenerationMixin`` builds it: repetition penalty, temperature, top-k, top-p, min-p. Greedy
+decoding (temperature 0) applies only the bias and the repetition penalty and takes the argmax, as
+transformers' greedy search does. Pure numpy functions over one row
 of logits; the caller decides which context each row sees.
 """
 
@@ -40,8 +41,11 @@ class SamplingConfig:
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off
+    # ((token id, added to its logit), ...) in id order; a dict {id: bias} is taken too. -inf bans the token
+    logit_bias: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -61,6 +65,39 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100..100 (and -inf: never)
+
+
+def _bias_pairs(bias) -> tuple:
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = [(token, value) for token, value in items]
+    except (TypeError, ValueError):
+        raise SamplingError("logit_bias", f"must be {{token id: bias}} or (token id, bias) pairs, got {bias!r}") from None
+    merged = {}
+    for token, value in pairs:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+            raise SamplingError("logit_bias", f"token ids must be integers >= 0, got {token!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+                -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS or value == -np.inf):
+            raise SamplingError("logit_bias", f"values must be numbers in -100..100 (or -inf: never), got {value!r}")
+        merged[int(token)] = float(value)
+    return tuple(sorted(merged.items()))
+
+
+def biased(
+    logits: np.ndarray,  # [V] raw logits of one position
+    bias: tuple,  # ((token id, bias), ...): SamplingConfig.logit_bias
+) -> np.ndarray:
+    """The logits with ``bias`` added ([V], a copy; the same array when there is none)."""
+    if not bias:
+        return logits
+    ids = np.fromiter((token for token, _ in bias), dtype=np.int64, count=len(bias))
+    scores = np.array(logits, copy=True)
+    scores[ids] += np.fromiter((value for _, value in bias), dtype=scores.dtype, count=len(bias))
+    return scores
 
 
 def apply_repetition_penalty(
@@ -160,11 +197,12 @@ def sampling_distribution(
     config: SamplingConfig,
 ) -> np.ndarray:
     """The exact distribution a token at this position is drawn from ([V] float64), all processors applied."""
-    return warp(penalized_scores(logits, seen_tokens, config.repetition_penalty), config)
+    return warp(penalized_scores(biased(logits, config.logit_bias), seen_tokens, config.repetition_penalty), config)
 
 
 def greedy_token(logits: np.ndarray, seen_tokens: np.ndarray, config: SamplingConfig) -> int:
-    """transformers' greedy choice: argmax of the repetition-penalized logits."""
+    """transformers' greedy choice: argmax of the biased, repetition-penalized logits."""
+    logits = biased(logits, config.logit_bias)
     if config.repetition_penalty == 1.0:
         index = int(np.argmax(logits))
         if not np.isfinite(logits[index]) or np.isnan(logits).any():

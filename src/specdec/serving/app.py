@@ -102,11 +102,14 @@ class LoadOptions:
     cache_ram_mib: float = 0  # a prompt cache in host RAM shared by the pool's workers (0: none)
     suffix_cache_mib: float | None = None  # recent outputs for suffix proposals (None: the decoder's default)
     exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
+    weight_form: str | None = None  # the target's weight form to run (None: the one measured faster here)
 
     def load_kwargs(self) -> dict:
         kwargs = dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)
         if self.exact_rows is not None:
             kwargs["exact_rows"] = self.exact_rows
+        if self.weight_form is not None:
+            kwargs["weight_form"] = self.weight_form
         if self.cache_ram_mib:
             kwargs["cache_ram_mib"] = self.cache_ram_mib
         if self.suffix_cache_mib is not None:
@@ -179,7 +182,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
-        return _error_shape(request.url.path)(exc.status, exc.message, exc.param, exc.code, exc.kind, exc.headers())
+        return _error_shape(request.url.path)(exc.status, exc.message, exc.param, exc.code, exc.kind, exc.headers(),
+                                              extra=exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):

@@ -47,6 +47,7 @@ class RayOptions:
     cache_ram_mib: float = 0  # per replica: a prompt cache shared by its workers (0: none)
     suffix_cache_mib: float | None = None  # per replica: recent outputs for suffix proposals (None: the default)
     exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
+    weight_form: str | None = None  # the target's weight form to run (None: the one measured faster here)
 
     def __post_init__(self):
         for name in ("workers", "replicas"):
@@ -99,7 +100,7 @@ def build_application(options: RayOptions):
                                      threads=options.threads, verify=options.verify,
                                      cache_ram_mib=options.cache_ram_mib,
                                      suffix_cache_mib=options.suffix_cache_mib,
-                                     exact_rows=options.exact_rows))
+                                     exact_rows=options.exact_rows, weight_form=options.weight_form))
 
     replica = serve.deployment(
         name="SpecdecReplica",

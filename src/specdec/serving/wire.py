@@ -103,6 +103,11 @@ def text_or(listed):
                                    custom_error_message="should be a string or a list")]
 
 
+# OpenAI's {token id: bias} (-100..100) and llama-server's forms: keys or [token, bias] pairs whose token is an id or
+# text (each of the text's tokens), false for never (logit_bias_pairs reads them)
+LogitBias = dict[str, float | Literal[False]] | list[list[int | float | str | Literal[False]]] | None
+
+
 class Extensions(Strict):
     """specdec's fields, accepted beside every dialect's own: the sampling knobs some APIs lack and speculation."""
     top_k: Annotated[int, Field(ge=0)] = 0
@@ -112,27 +117,49 @@ class Extensions(Strict):
     num_draft_tokens: Annotated[int, Field(ge=0, le=MAX_DRAFT_TOKENS)] | Literal["auto"] = "auto"
     proposer: ProposerName | None = None
     tree: str | list[Annotated[int, Field(ge=1)]] | None = None
+    logit_bias: "LogitBias" = None
+
+
+def logit_bias_pairs(bias, encode=None) -> tuple:
+    """A body's ``logit_bias`` as ((token id, bias), ...) for ``SamplingConfig``: keys that are digits are ids, other
+    text is each of its tokens (``encode``); false is -inf. A key that is neither is a 400 naming the field."""
+    if bias is None:
+        return ()
+    pairs = []
+    for item in (bias.items() if isinstance(bias, dict) else bias):
+        if len(item) != 2 or isinstance(item[0], (bool, float)) or isinstance(item[1], str):
+            raise APIError(400, f"logit_bias: {list(item)!r} is not a [token, bias] pair", param="logit_bias")
+        token, value = item
+        value = float("-inf") if value is False else value
+        if isinstance(token, int) or (isinstance(token, str) and token.strip().lstrip("-").isdigit()):
+            pairs.append((int(token), value))
+        elif encode is not None:
+            pairs += [(token_id, value) for token_id in encode(token)]
+        else:
+            raise APIError(400, f"logit_bias: {token!r} is not a token id", param="logit_bias")
+    return tuple(pairs)
 
 
 class APIError(Exception):
     """An error answer: HTTP status, one-line message, the field at fault (``param``), a code."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", retry_after: int | None = None):
+                 kind: str = "invalid_request_error", retry_after: int | None = None, extra: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.retry_after = retry_after
+        self.extra = extra or {}  # more fields of the error object (llama-server's n_prompt_tokens, n_ctx)
 
     def headers(self) -> dict | None:
         return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.param, self.code, self.kind, self.headers())
+        return error_response(self.status, self.message, self.param, self.code, self.kind, self.headers(), self.extra)
 
 
-def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None):
+def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None, extra=None):
     """OpenAI's error shape (also llama-server's)."""
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code, **(extra or {})}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -203,7 +230,9 @@ def option_error(exc: ValueError, names: dict, budget_given: bool = True, prompt
     if isinstance(exc, ContextLengthError):
         budget = names.get("max_new_tokens", "max_new_tokens")
         param = budget if budget_given else (prompt_field or names.get("prompt", "prompt"))
-        return APIError(400, f"{param}: {exc.describe(budget)}", param=param, code="context_length_exceeded")
+        # OpenAI's code; llama-server's counts (its routes name the type exceed_context_size_error)
+        return APIError(400, f"{param}: {exc.describe(budget)}", param=param, code="context_length_exceeded",
+                        extra={"n_prompt_tokens": exc.prompt_tokens, "n_ctx": exc.max_context})
     option, problem = getattr(exc, "option", None), getattr(exc, "problem", None)
     text = " ".join(str(exc).split()) or type(exc).__name__
     if option is None:
@@ -221,13 +250,15 @@ def sampling_config(names: dict, **fields) -> SamplingConfig:
 
 
 def generation_options(body: Extensions, names: dict, max_new: int, temperature: float, top_p: float,
-                       top_k: int | None = None, stop=(), **more) -> GenerationOptions:
+                       top_k: int | None = None, stop=(), encode=None, **more) -> GenerationOptions:
     """A body's generation fields as a ``GenerationOptions``: its dialect's sampling fields, specdec's extensions
-    (``body``), ``more`` (the route's own: stop ids, a constraint, logprobs). A refusal is a 400 naming the field."""
+    (``body``), ``more`` (the route's own: stop ids, a constraint, logprobs). A refusal is a 400 naming the field.
+    ``encode``: text -> token ids, for ``logit_bias`` keys given as text."""
     tree = ",".join(map(str, body.tree)) if isinstance(body.tree, list) else body.tree
     try:
         sampling = sampling_config(names, temperature=temperature, top_k=body.top_k if top_k is None else top_k,
-                                   top_p=top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty)
+                                   top_p=top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty,
+                                   logit_bias=logit_bias_pairs(body.logit_bias, encode))
         return GenerationOptions(max_new_tokens=max_new, sampling=sampling, num_draft_tokens=body.num_draft_tokens,
                                  seed=body.seed, stop=tuple(stop), proposer=body.proposer, tree=tree, **more)
     except GenerationError as exc:

@@ -50,8 +50,9 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
-def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None):
-    """Anthropic's error shape; the field at fault is named in the message (the shape has no ``param``)."""
+def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None, extra=None):
+    """Anthropic's error shape; the field at fault is named in the message (the shape has no ``param``, nor room for
+    ``extra``)."""
     body = {"type": "error", "error": {"type": error_type(status), "message": message}}
     return JSONResponse(body, status_code=status, headers=headers)
 

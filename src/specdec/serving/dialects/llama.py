@@ -25,7 +25,7 @@ from specdec.serving.dialects import llama_info, llama_slots
 from specdec.serving.dialects.llama_models import CompletionRequest, InfillRequest, LlamaGeneration
 from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
-from specdec.serving.wire import APIError, option_error, sampling_config, sse
+from specdec.serving.wire import APIError, logit_bias_pairs, option_error, sampling_config, sse
 
 INFILL_RESERVE = 256  # tokens an /infill with n_predict=-1 keeps free for the middle (at most a quarter of the context)
 
@@ -35,21 +35,25 @@ NAMES = {"max_new_tokens": "n_predict", "repetition_penalty": "repeat_penalty", 
 
 LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
-PATHS = {"/infill", "/completion", "/completions", "/tokenize", "/detokenize", "/props", "/slots"}
+# llama-server's own routes, and the un-prefixed chat route its clients call (the /v1 one keeps OpenAI's shape)
+PATHS = {"/infill", "/completion", "/completions", "/tokenize", "/detokenize", "/props", "/slots", "/apply-template",
+         "/chat/completions", "/chat/completions/input_tokens"}
 
 
 def owns_errors(path: str) -> bool:
     return path in PATHS or path.startswith("/slots/")
 
 
-def error_body(status: int, message: str, param=None, code=None, kind: str = "invalid_request_error") -> dict:
-    """llama-server's error object (``code``: the HTTP status; its ``type`` names) with OpenAI's ``param``."""
+def error_body(status: int, message: str, param=None, code=None, kind: str = "invalid_request_error",
+               extra: dict | None = None) -> dict:
+    """llama-server's error object (``code``: the HTTP status; its ``type`` names) with OpenAI's ``param``;
+    ``extra``: more fields (a context overflow's n_prompt_tokens and n_ctx)."""
     kind = "exceed_context_size_error" if code == "context_length_exceeded" else LLAMA_TYPES.get(status, kind)
-    return {"error": {"code": status, "message": message, "type": kind, "param": param}}
+    return {"error": {"code": status, "message": message, "type": kind, "param": param, **(extra or {})}}
 
 
-def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None):
-    return JSONResponse(error_body(status, message, param, code, kind), status_code=status, headers=headers)
+def error_response(status, message, param=None, code=None, kind="invalid_request_error", headers=None, extra=None):
+    return JSONResponse(error_body(status, message, param, code, kind, extra), status_code=status, headers=headers)
 
 
 def error_lines(message: str, code: str | None) -> list:
@@ -113,8 +117,8 @@ def nested_values(paths: list, answer: dict) -> dict:
     return out
 
 
-def options_of(body: LlamaGeneration, max_new: int, names: dict, **more) -> GenerationOptions:
-    """A llama.cpp body's generation fields as a ``GenerationOptions``."""
+def options_of(body: LlamaGeneration, max_new: int, names: dict, encode=None, **more) -> GenerationOptions:
+    """A llama.cpp body's generation fields as a ``GenerationOptions`` (``encode``: text -> ids, for logit_bias)."""
     constraint = None
     for field in ("grammar", "json_schema"):
         if getattr(body, field, None) is not None:
@@ -128,7 +132,8 @@ def options_of(body: LlamaGeneration, max_new: int, names: dict, **more) -> Gene
                 raise option_error(exc, names) from None
     try:
         sampling = sampling_config(names, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                   min_p=body.min_p, repetition_penalty=body.repeat_penalty)
+                                   min_p=body.min_p, repetition_penalty=body.repeat_penalty,
+                                   logit_bias=logit_bias_pairs(body.logit_bias, encode))
         return GenerationOptions(max_new_tokens=max_new, sampling=sampling,
                                  num_draft_tokens=body.num_draft_tokens, seed=None if body.seed == -1 else body.seed,
                                  stop=[body.stop] if isinstance(body.stop, str) else list(body.stop),
@@ -141,6 +146,10 @@ def options_of(body: LlamaGeneration, max_new: int, names: dict, **more) -> Gene
 class Generation:
     """What ``/completion`` and ``/infill`` share: the client's names for the options, the slot, the job, and the
     answer (one JSON object, or a stream of ``data:`` lines) in llama-server's shape."""
+
+    def text_ids(self, text: str) -> list:
+        """A logit_bias key's tokens, as llama-server tokenizes it (no BOS)."""
+        return self.engine.codec.encode(text, special=False)
 
     def __init__(self, engine: Engine, server):
         self.engine, self.server = engine, server
@@ -212,7 +221,7 @@ class Completion(Generation):
         ids = self.engine.codec.encode_mixed(body.prompt, add_special=True)
         budget = body.budget()[1]
         max_new = budget if budget >= 0 else self.engine.open_budget(ids)
-        options = options_of(body, max_new, names)
+        options = options_of(body, max_new, names, encode=self.text_ids)
         return await self.answer(body, request, ids, options, names, budget >= 0)
 
 
@@ -238,7 +247,7 @@ class Infill(Generation):
         except GenerationError as exc:  # no FIM tokens, no room
             raise option_error(exc, names, budget >= 0, "input_prefix") from None
         stop_ids = fim_stop_ids(fim_tokens(decoder.manifest, engine.codec))
-        options = options_of(body, max_new, names, stop_token_ids=stop_ids)
+        options = options_of(body, max_new, names, encode=self.text_ids, stop_token_ids=stop_ids)
         return await self.answer(body, request, ids, options, names, budget >= 0, stop_ids, "input_prefix")
 
 

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS
 from specdec.serving.dialects.openai_models import ProposerName
-from specdec.serving.wire import StopStrings, WireModel
+from specdec.serving.wire import LogitBias, StopStrings, WireModel
 
 Budget = Annotated[int, Field(ge=-1)]  # -1: until EOS or the context is full; 0: prefill only (a warm-up)
 TokenId = Annotated[int, Field(ge=0)]
@@ -44,6 +44,8 @@ class LlamaGeneration(LlamaBody):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
     min_p: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
     repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    # {token id or text: bias} or [[token id or text, bias], ...]; false: never (text: each of its tokens)
+    logit_bias: LogitBias = None
     seed: Annotated[int, Field(ge=-1, le=MAX_SEED)] = -1  # -1: fresh randomness
     n_probs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] = 0  # alternatives per token (completion_probabilities)
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # llama-server's alias of n_probs

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -20,11 +21,16 @@ from fastapi.responses import StreamingResponse
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.request import GenerationStats
 from specdec.serving.answers import logprob_entry, specdec_fields
-from specdec.serving.chat_run import Conversation, start_chat
+from specdec.serving.chat_run import Conversation, render, start_chat
 from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, generation_options, option_error, sse
+
+try:
+    VERSION = version("specdec")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    VERSION = "0"
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -43,6 +49,12 @@ def usage(stats: GenerationStats) -> dict:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
             "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+
+def fingerprint(engine: Engine) -> str:
+    """OpenAI's ``system_fingerprint``: what produced the answer (specdec's version and the bundle's identity),
+    "b..." as llama-server's build names it."""
+    return f"b{VERSION}-{(engine.decoder.identity or '')[:12]}"
 
 
 def options_of(body, max_new: int, names: dict, **more) -> GenerationOptions:
@@ -133,7 +145,8 @@ class Completions:
         names = dict(INSERT_NAMES if body.suffix is not None else NAMES)
         constraint = body_constraint(body, names)
         max_new = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-        options = options_of(body, max_new, names, constraint=constraint, logprobs=body.logprobs)
+        options = options_of(body, max_new, names, constraint=constraint, logprobs=body.logprobs,
+                             encode=partial(engine.codec.encode, special=False))
         try:
             if body.suffix is not None:  # OpenAI's legacy insert mode / Ollama's suffix: fill in the middle
                 if not isinstance(prompt, str):
@@ -146,13 +159,13 @@ class Completions:
         prepared = engine.prepare(prompt_ids, options, names, sources=body.token_sources)
         job, first = await engine.start(prepared, request, names)
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        codec, offset = engine.codec, [0]
+        codec, offset, system = engine.codec, [0], fingerprint(engine)
 
         def chunk(text, finish, entries=None):
             logprobs = completion_logprobs(codec, entries, offset[0]) if entries is not None else None
             offset[0] += len(text or "")
             return {"id": ident, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
+                    "system_fingerprint": system, "choices": [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]}
 
         if body.stream:
             def piece_lines(piece: Piece) -> list:
@@ -198,22 +211,19 @@ class Chat:
             names["max_new_tokens"] = "max_completion_tokens"
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-        choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
-        constraint = body_constraint(body, names)
-        text_format = names.get("constraint") == "response_format"  # set aside when a call is required
-        conversation = Conversation([plain_message(m) for m in body.messages], tools, choice, body.parallel_tool_calls,
-                                    None if text_format else constraint, constraint if text_format else None)
+        conversation = self.conversation(body, names)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         run = await start_chat(engine, request, names, conversation, body.max_tokens,
-                               partial(options_of, body, names=names, logprobs=logprobs), sources=body.token_sources)
+                               partial(options_of, body, names=names, logprobs=logprobs,
+                                       encode=partial(engine.codec.encode, special=False)),
+                               sources=body.token_sources)
         job, first, output = run.job, run.first, run.output
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        codec = engine.codec
+        codec, system = engine.codec, fingerprint(engine)
 
         def chunk(delta, finish, entries=None):
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(codec, entries),
+                    "system_fingerprint": system, "choices": [{"index": 0, "delta": delta, "logprobs": chat_logprobs(codec, entries),
                                  "finish_reason": finish}]}
 
         if body.stream:
@@ -260,11 +270,35 @@ class Chat:
             message["tool_calls"] = [call.as_openai() for call in calls]
         finish = "tool_calls" if calls and done.finish != "length" else finish_reason(done)
         return {"id": ident, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
+                "system_fingerprint": system, "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
                              "finish_reason": finish}],
                 "usage": usage(done.stats),
                 "specdec": specdec_fields(done) | (source_block(spans if prepared.sources and turn.form is None
                                                                 else None) or {})}
+
+
+    @staticmethod
+    def conversation(body: ChatCompletionRequest, names: dict) -> Conversation:
+        """The body's messages, tools and output constraint as the turn renderer takes them."""
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
+        constraint = body_constraint(body, names)
+        text_format = names.get("constraint") == "response_format"  # set aside when a call is required
+        return Conversation([plain_message(m) for m in body.messages], tools, choice, body.parallel_tool_calls,
+                            None if text_format else constraint, constraint if text_format else None)
+
+    async def template(self, body: ChatCompletionRequest):
+        """llama-server's ``POST /apply-template``: the prompt the bundle's chat template makes of the body."""
+        self.server.answer_model(body.model)
+        names = dict(CHAT_NAMES)
+        turn = render(self.engine, self.conversation(body, names), names)
+        return {"prompt": self.engine.codec.decode(turn.ids, skip_special=False)}
+
+    async def count(self, body: ChatCompletionRequest):
+        """llama-server's ``POST /chat/completions/input_tokens``: the rendered prompt's token count."""
+        self.server.answer_model(body.model)
+        names = dict(CHAT_NAMES)
+        return {"input_tokens": len(render(self.engine, self.conversation(body, names), names).ids)}
 
 
 class Models:
@@ -291,4 +325,6 @@ def mount(app, engine: Engine, server) -> None:
         app.add_api_route(f"{prefix}/models", models.list, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model}}", models.one, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", chat.create, methods=["POST"])
+        app.add_api_route(f"{prefix}/chat/completions/input_tokens", chat.count, methods=["POST"])
+    app.add_api_route("/apply-template", chat.template, methods=["POST"])
     app.add_api_route("/v1/completions", completions.create, methods=["POST"])

@@ -1,0 +1,86 @@
+"""Which of a model's weight forms this machine runs, chosen by measuring them here, once.
+
+A bundle may carry its target in several weight forms (``ModelSpec.weight_forms``: MatMulNBits' int4 blocks and
+int8 rows, export/int8_rows.py). Which is faster depends on the CPU, not on the one that exported the bundle: on a
+2-core AMX Xeon int8 rows made a 64-token pass 0.37x and a one-token pass 1.06x MatMulNBits' time, on a 2-core Zen 4
+EPYC 0.51x and 1.24x. So the first load on a machine times each form's passes (one form in memory at a time) and
+keeps the form that runs a reference turn soonest: ``REFERENCE_TURN`` passes of each width, a 512-token prompt
+prefilled in 64-token passes, then 128 new tokens as 64 one-token passes (rounds without a proposal, target-only
+decoding) and 32 four-token verify passes. The choice and its measurements are stored per bundle, CPU (name and
+flags), onnxruntime, provider and thread count (decoding/calibration_store.py), so later loads read it. A caller
+that knows better names a form (``SpeculativeDecoder.load(weight_form=...)``, ``--weight-form``).
+
+Every form computes the same model within its quantization (each passed the exporter's parity check); greedy
+identity with target-only decoding holds within whichever form runs, since both are decoded with it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+from specdec.contract.bundle import inside
+from specdec.decoding.calibration_store import OtherLoad, load_check, machine_key, save_check
+from specdec.decoding.cost_model import fill_context, time_passes
+from specdec.runners.fused import make_runner
+from specdec.runners.resident import trim_heap
+
+log = logging.getLogger(__name__)
+
+REFERENCE_TURN = {64: 8, 1: 64, 4: 32}  # pass width -> passes of a reference turn
+MEASURED_CONTEXT = 256  # cached tokens behind the timed passes
+REPEATS = 3
+
+
+def turn_seconds(costs: dict) -> float:
+    """Seconds of the reference turn from a form's pass costs ``{width: seconds}``."""
+    return sum(passes * costs[width] for width, passes in REFERENCE_TURN.items())
+
+
+def measure_form(onnx_path: str, spec, provider: str, threads: int | None) -> dict:
+    """``{width: median seconds}`` of this form's passes at ``MEASURED_CONTEXT`` cached tokens; its session is
+    freed before this returns."""
+    widths = sorted(REFERENCE_TURN)
+    runner = make_runner(onnx_path, spec, provider, MEASURED_CONTEXT + max(widths) + 1, max(widths), threads)
+    try:
+        fill_context(runner, MEASURED_CONTEXT)
+        time_passes(runner, widths, 1)  # warm-up: first passes allocate
+        return dict(zip(widths, time_passes(runner, widths, REPEATS)))
+    finally:
+        runner.reset()
+        del runner
+        gc.collect()
+        trim_heap()  # the form's packed weights go back to the OS before the next form is loaded
+
+
+def choose_form(root, spec, identity: str, provider: str, threads: int | None, wanted: str | None = None,
+                measure=measure_form) -> tuple[str, str]:
+    """(form, onnx file) of ``spec`` to run: ``wanted`` when given, the only one when there is one, else this
+    machine's stored choice or a new measurement (stored)."""
+    forms = dict(spec.weight_forms) or {None: spec.onnx_file}
+    if wanted is not None:
+        if wanted not in forms:
+            have = ", ".join(str(name) for name in forms) if spec.weight_forms else "its one form"
+            raise ValueError(f"weight_form {wanted!r}: this bundle's {spec.role} has {have}")
+        return wanted, forms[wanted]
+    if len(forms) == 1 or provider != "cpu":  # a GPU's kernels were never measured: the first form
+        return next(iter(forms.items()))
+    key = machine_key(identity, provider, threads, checks="weight_form")
+    stored = load_check(key)
+    if stored is not None and stored.get("form") in forms:
+        return stored["form"], forms[stored["form"]]
+    other = OtherLoad()
+    costs = {name: measure(str(inside(root, path)), spec, provider, threads) for name, path in forms.items()}
+    turns = {name: turn_seconds(measured) for name, measured in costs.items()}
+    best = min(turns, key=turns.get)
+    other_cores = other.cores()
+    log.info("weight forms of the %s measured on this machine (reference turn: %s): %s; running %s%s", spec.role,
+             ", ".join(f"{passes} passes of {width}" for width, passes in REFERENCE_TURN.items()),
+             "; ".join(f"{name} {turns[name]:.2f} s (" + ", ".join(f"{w}: {1000 * c:.1f} ms" for w, c in
+                                                                   sorted(costs[name].items())) + ")"
+                       for name in forms), best,
+             f" (other processes used {other_cores:.2f} cores meanwhile)" if other_cores else "")
+    save_check(key, {"form": best, "turn_seconds": turns, "costs": {name: {str(w): c for w, c in measured.items()}
+                                                                        for name, measured in costs.items()},
+                          "other_cores": other_cores})
+    return best, forms[best]

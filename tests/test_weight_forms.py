@@ -1,0 +1,98 @@
+"""A target in two weight forms (MatMulNBits' int4 blocks, int8 rows): the export writes both with no CPU flag read,
+the first load on a machine measures them and runs the faster one for a reference turn, later loads read the choice,
+and whichever runs, greedy speculation equals target-only decoding in every mode."""
+
+from __future__ import annotations
+
+import pytest
+from every_mode import assert_every_mode_is_target_only
+
+from specdec.decoding import forms as forms_module
+from specdec.decoding.forms import REFERENCE_TURN, choose_form, turn_seconds
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def two_form_bundle(tiny_pair_dirs, tmp_path_factory):
+    from specdec.export.bundle import ExportOptions, export_bundle
+
+    target, draft = tiny_pair_dirs
+    out = tmp_path_factory.mktemp("two_forms") / "bundle"
+    export_bundle(ExportOptions(target=str(target), draft=str(draft), out=out, quant="int4", quant_method="rtn"),
+                  progress=lambda message: None)
+    return out
+
+
+def _costs(one, four, wide):
+    return {1: one, 4: four, 64: wide}
+
+
+def test_the_reference_turn_weighs_prefill_and_decoding():
+    assert REFERENCE_TURN == {64: 8, 1: 64, 4: 32}
+    # a Zen 4 EPYC's target passes (issue figures, ms): int8 rows win the turn on their prefill
+    assert turn_seconds(_costs(0.0551, 0.070, 0.437)) < turn_seconds(_costs(0.0445, 0.080, 0.856))
+    # a CPU whose wide passes cost the same in both: the one-token pass decides
+    assert turn_seconds(_costs(0.040, 0.060, 0.500)) < turn_seconds(_costs(0.050, 0.060, 0.500))
+
+
+@pytest.mark.integration
+def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bundle, monkeypatch, tmp_path):
+    import onnx
+
+    from specdec import SpeculativeDecoder
+    from specdec.contract.manifest import Manifest
+
+    manifest = Manifest.read(two_form_bundle)
+    assert manifest.target.weight_forms == (("nbits", "target/model.onnx"), ("int8", "target-int8/model.onnx"))
+    assert manifest.draft.weight_forms == () and "weight_forms" not in manifest.to_json().split('"draft"')[1]
+    assert any(name.startswith("target-int8/") for name in manifest.files)
+    assert manifest.extra["parity_max_abs_error"]["target-int8"]["int4"]["rows_vs_decode"] == {"logits": 0.0,
+                                                                                              "kv": 0.0}
+    ops = {form: {n.op_type for n in onnx.load(two_form_bundle / path, load_external_data=False).graph.node}
+           for form, path in manifest.target.weight_forms}
+    assert "MatMulInteger" in ops["int8"] and "MatMulInteger" not in ops["nbits"]
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    measured = []
+    fake = {"nbits": _costs(0.01, 0.02, 0.5), "int8": _costs(0.012, 0.015, 0.1)}  # int8: the faster turn
+
+    def measure(path, spec, provider, threads):
+        form = "int8" if "target-int8" in path else "nbits"
+        measured.append(form)
+        return fake[form]
+
+    monkeypatch.setattr(forms_module, "measure_form", measure)
+    real = choose_form.__defaults__
+    monkeypatch.setattr(forms_module.choose_form, "__defaults__", (*real[:-1], measure))
+    decoder = SpeculativeDecoder.load(two_form_bundle)
+    assert decoder.weight_form == "int8" and measured == ["nbits", "int8"]
+    again = SpeculativeDecoder.load(two_form_bundle)  # read from the store: nothing measured
+    assert again.weight_form == "int8" and measured == ["nbits", "int8"] and again.fork().weight_form == "int8"
+    forced = SpeculativeDecoder.load(two_form_bundle, weight_form="nbits")
+    assert forced.weight_form == "nbits" and forced._calibration_key != again._calibration_key
+    with pytest.raises(ValueError, match="weight_form 'int4': this bundle's target has nbits, int8"):
+        SpeculativeDecoder.load(two_form_bundle, weight_form="int4")
+    prompt = "def add(a, b):\n    return a + b\n"
+    assert decoder.generate(prompt, max_new_tokens=8).token_ids  # the int8 form decodes
+
+
+@pytest.mark.integration
+def test_a_real_measurement_picks_a_form_and_every_mode_is_target_only_in_each(two_form_bundle, monkeypatch, tmp_path):
+    from specdec import SpeculativeDecoder
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    assert SpeculativeDecoder.load(two_form_bundle).weight_form in ("nbits", "int8")
+    for form in ("nbits", "int8"):
+        assert_every_mode_is_target_only(two_form_bundle, weight_form=form)
+
+
+def test_a_single_form_bundle_runs_its_one_form_and_refuses_another():
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(weight_forms=(), onnx_file="target/model.onnx", role="target")
+    assert choose_form(None, spec, "id", "cpu", 2) == (None, "target/model.onnx")
+    with pytest.raises(ValueError, match="has its one form"):
+        choose_form(None, spec, "id", "cpu", 2, "int8")
+    two = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
+    assert choose_form(None, two, "id", "cuda", 2) == ("nbits", "a.onnx")  # never measured on a GPU: the first

@@ -96,3 +96,26 @@ def test_a_single_form_bundle_runs_its_one_form_and_refuses_another():
         choose_form(None, spec, "id", "cpu", 2, "int8")
     two = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
     assert choose_form(None, two, "id", "cuda", 2) == ("nbits", "a.onnx")  # never measured on a GPU: the first
+
+
+def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    spec = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
+    load = {"cores": 0.6, "quiet": False}
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: load["cores"])
+    monkeypatch.setattr(forms_module, "machine_is_quiet", lambda: load["quiet"])
+    calls = []
+    costs = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}
+
+    def measure(path, *rest):
+        calls.append(path)
+        return costs[path.rsplit("/", 1)[-1]]
+
+    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "int8" and len(calls) == 2
+    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "int8" and len(calls) == 2  # busy now
+    load.update(cores=0.0, quiet=True)
+    costs["a.onnx"] = _costs(0.005, 0.01, 0.09)  # measured quiet, nbits wins: the noisy choice is replaced
+    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "nbits" and len(calls) == 4
+    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "nbits" and len(calls) == 4  # stored

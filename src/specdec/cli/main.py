@@ -192,11 +192,29 @@ def main(argv=None) -> int:
                 "eval": cmd_eval}
     try:
         return handlers[args.command](args)
+    except ImportError as exc:  # an optional dependency this command needs: name the extra that installs it
+        print(f"specdec: error: {missing_extra(exc)}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+# a module an optional command imports -> the pyproject extra that installs it
+EXTRAS = {"ray": "ray", "torch": "export", "transformers": "export", "onnx": "export", "gguf": "export",
+          "fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "pydantic": "serve", "jinja2": "chat",
+          "llguidance": "constrain", "onnxruntime_genai": "peers", "onnx_ir": "peers", "matplotlib": "bench",
+          "openai": "examples", "cuda": "gpu", "tensorrt": "gpu"}
+
+
+def missing_extra(exc: ImportError) -> str:
+    """One line for a missing optional module: which module, and the extra (or package) that brings it."""
+    module = (exc.name or str(exc)).split(".")[0]
+    extra = EXTRAS.get(module)
+    how = f'pip install -e ".[{extra}]"' if extra else f"pip install {module}"
+    return f"this command needs the {module!r} module, which is not installed: {how}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""llama-server's own server tests (llama.cpp's tools/server/tests, read from the llama-cpp-python source
+distribution by tools/llama_server_tests.py) against `specdec serve` on the tiny chat bundle: a handful of files whose
+tests do not depend on the model's words. A change that breaks a llama-server client fails here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("wget")  # the suite's utils.py imports it (the test extra installs it)
+pytest.importorskip("filelock")
+
+ROOT = Path(__file__).resolve().parents[1]
+# tests that must pass against specdec (they pass against llama-server too)
+MUST_PASS = [
+    "test_security::test_access_public_endpoint[/health]",
+    "test_security::test_incorrect_api_key[None]",
+    "test_security::test_incorrect_api_key[invalid-key]",
+    "test_security::test_correct_api_key",
+    "test_security::test_correct_api_key_anthropic_header",
+    "test_security::test_openai_library_correct_api_key",
+    "test_tokenize::test_tokenize_detokenize",
+]
+
+
+@pytest.mark.integration
+def test_llama_servers_own_tests_pass_against_specdec(chat_bundle, tmp_path):
+    command = [sys.executable, str(ROOT / "tools" / "llama_server_tests.py"), "--bundle", str(chat_bundle),
+               "--files", "test_security.py", "test_tokenize.py", "--out", str(tmp_path),
+               "-k", "api_key or public_endpoint or tokenize_detokenize"]
+    if os.environ.get("LLAMA_CPP_SRC"):  # an unpacked llama.cpp tree (else the sdist is downloaded)
+        command += ["--llama-src", os.environ["LLAMA_CPP_SRC"]]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes = json.loads((tmp_path / "results.json").read_text())["specdec"]
+    failing = [name for name in MUST_PASS if outcomes.get(name) != "passed"]
+    assert not failing, (failing, done.stdout[-3000:])

@@ -162,7 +162,9 @@ BASE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ({**BASE, "temperature": "hot", "max_tokens": "5"}, None, 400, ["temperature", "max_tokens"]),
     ({**BASE, "temperature": 3.0, "top_p": 0}, None, 400, ["temperature", "top_p"]),
     ({**BASE, "top_k": -1, "num_draft_tokens": 99}, None, 400, ["top_k", "num_draft_tokens"]),
-    ({**BASE, "logit_bias": {}, "best_of": 2}, None, 400, ["logit_bias: unknown field", "best_of: unknown field"]),
+    ({**BASE, "best_of": 2, "logprobs_x": 1}, None, 400, ["best_of: unknown field", "logprobs_x: unknown field"]),
+    ({**BASE, "logit_bias": {"5": 200}}, None, 400, ["logit_bias values must be numbers in -100..100"]),
+    ({**BASE, "logit_bias": {"5": "x"}}, None, 400, ["logit_bias"]),
     ({**BASE, "n": 2}, None, 400, ["n: only n=1"]),
     ({**BASE, "messages": [{"role": "wizard", "content": "x"}]}, None, 400, ["messages.0.role"]),
     ({**BASE, "messages": []}, None, 400, ["messages"]),
@@ -521,13 +523,20 @@ def test_cors_as_llama_server(decoder, origins, origin, allowed):
         assert answer.status_code == 200 and answer.headers.get("access-control-allow-origin") == named
 
 
-def test_llama_server_extensions_on_openai_routes(served, decoder):
+@pytest.fixture(scope="module")
+def llama_client_server(chat_bundle):
+    """Its own `specdec serve` (the module's ``served`` is stopped by the SIGTERM test)."""
+    with _specdec_serve(chat_bundle, "--model-name", MODEL) as served:
+        yield served
+
+
+def test_llama_server_extensions_on_openai_routes(llama_client_server, decoder):
     """What llama-server's clients read besides OpenAI's fields: logit_bias (ids; text keys as their tokens; false
     bans), system_fingerprint, /apply-template and the prompt's token count, and a context overflow's counts (its
     exceed_context_size_error type on the un-prefixed route, OpenAI's shape on /v1)."""
     from specdec import SamplingConfig
 
-    url = served[0]
+    url = llama_client_server[0]
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
     plain = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
     assert plain["system_fingerprint"].startswith("b")

@@ -92,6 +92,11 @@ def run_suite(tests: Path, target: str, env: dict, files, work: Path, keyword: s
     command = [sys.executable, "-m", "pytest", "-p", "suite_offline", "-q", "-p", "no:cacheprovider",
                f"--junitxml={report}", *[f"unit/{name}" for name in files]] + (["-k", keyword] if keyword else [])
     subprocess.run(command, cwd=tests, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return outcomes_of(report)
+
+
+def outcomes_of(report: Path) -> dict:
+    """{test id: outcome} from a pytest JUnit XML report."""
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
@@ -109,6 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--llama-src", default=None, help="an unpacked llama.cpp tree (default: the sdist's)")
     parser.add_argument("--out", default=None, help="folder for results.json (default: a temporary folder)")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    parser.add_argument("--servers", default="specdec,llama",
+                        help="which to run now (specdec, llama); results already in --out's results.json are kept")
     args = parser.parse_args(argv)
     if (args.llama_server is None) != (args.gguf is None):
         parser.error("--llama-server and --gguf go together")
@@ -116,24 +123,29 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else work
     out.mkdir(parents=True, exist_ok=True)
     tests = suite_dir(args.llama_src, work)
-    runs = {"specdec": run_suite(tests, "specdec", {"SUITE_BUNDLE": str(Path(args.bundle).resolve())}, args.files,
-                                 work, args.keyword)}
-    if args.llama_server:
+    wanted = {name.strip() for name in args.servers.split(",")}
+    saved = out / "results.json"
+    runs = json.loads(saved.read_text()) if saved.is_file() else {}
+    if "specdec" in wanted:
+        runs["specdec"] = run_suite(tests, "specdec", {"SUITE_BUNDLE": str(Path(args.bundle).resolve())}, args.files,
+                                    work, args.keyword)
+    if args.llama_server and "llama" in wanted:
         runs["llama"] = run_suite(tests, "llama", {"SUITE_LLAMA_SERVER": str(Path(args.llama_server).resolve()),
                                                    "SUITE_GGUF": str(Path(args.gguf).resolve())},
                                   args.files, work, args.keyword)
+    runs = {name: runs[name] for name in ("specdec", "llama") if name in runs}
     names = sorted(set().union(*runs.values()))
     print(f"{'test':<90} " + " ".join(f"{name:>8}" for name in runs))
     for name in names:
         print(f"{name[:90]:<90} " + " ".join(f"{runs[run].get(name, '-'):>8}" for run in runs))
     for run, outcomes in runs.items():
         print(f"{run}: {sum(v == 'passed' for v in outcomes.values())} passed of {len(outcomes)}")
-    if "llama" in runs:
+    if "llama" in runs and "specdec" in runs:
         missing = [n for n in names if runs["llama"].get(n) == "passed" and runs["specdec"].get(n) != "passed"]
         print(f"passed against llama-server, not against specdec: {len(missing)}")
         for name in missing:
             print(f"  {name}")
-    (out / "results.json").write_text(json.dumps(runs, indent=1, sort_keys=True))
+    saved.write_text(json.dumps(runs, indent=1, sort_keys=True))
     return 0
 
 

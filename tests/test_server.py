@@ -472,26 +472,16 @@ def test_llama_server_flags_and_several_hosts(chat_bundle):
         hosts = ["127.0.0.1", "localhost", "[::1]"]  # localhost is 127.0.0.1 here: one socket for both
     except OSError:  # no IPv6 loopback on this machine
         hosts = ["127.0.0.1", "localhost"]
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "specdec.cli.main", "serve", str(chat_bundle), "--host",
-         ",".join(host.strip("[]") for host in hosts),
-         "--port", str(port), "-np", "2", "--alias", "llama-name", "-c", "256", "--no-ui"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_healthy(f"http://127.0.0.1:{port}", process)
+    # the later --host wins over the helper's 127.0.0.1
+    with _specdec_serve(chat_bundle, "--host", ",".join(host.strip("[]") for host in hosts), "-np", "2",
+                        "--alias", "llama-name", "-c", "256", "--no-ui") as (url, _):
+        port = url.rsplit(":", 1)[1]
         for host in hosts:
             assert httpx.get(f"http://{host}:{port}/health", timeout=10).json()["workers"] == 2
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]["id"] == "llama-name"
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 404
         assert httpx.get(f"http://127.0.0.1:{port}/props", timeout=10).json()["default_generation_settings"][
             "n_ctx"] == 128  # llama-server's -c: the context split between the 2 workers
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.mark.parametrize("origins, origin, allowed", [

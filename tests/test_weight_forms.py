@@ -119,3 +119,13 @@ def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkey
     costs["a.onnx"] = _costs(0.005, 0.01, 0.09)  # measured quiet, nbits wins: the noisy choice is replaced
     assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "nbits" and len(calls) == 4
     assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "nbits" and len(calls) == 4  # stored
+
+
+@pytest.mark.integration
+def test_eval_reports_every_weight_form(two_form_bundle):
+    from specdec.bench.perplexity import evaluate_bundle
+
+    text = "def add(a, b):\n    return a + b\n" * 40
+    results = evaluate_bundle(two_form_bundle, text, roles=("target",), context=64, chunks=2)
+    assert set(results) == {"target", "target-int8"}
+    assert results["target"].perplexity != results["target-int8"].perplexity  # two forms, two measurements

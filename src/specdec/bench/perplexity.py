@@ -156,8 +156,8 @@ def perplexity_of(runner, tokens, role: str = "model", add_bos: bool = False, bo
 def evaluate_bundle(bundle_dir: str | Path, text: str, roles=ROLES, context: int = DEFAULT_CONTEXT,
                     chunks: int | None = None, threads: int | None = None, verify: bool = True,
                     segment: int = DEFAULT_SEGMENT) -> dict:
-    """{role: PerplexityResult} for each of ``roles`` the bundle has, over ``text``, on onnxruntime's CPU.
-    Every problem (bundle, options, a text too short) is a one-line ValueError before a model loads."""
+    """{role: PerplexityResult} for each of ``roles`` the bundle has, over ``text``, on onnxruntime's CPU; a model in
+    several weight forms gives one result per form (``target``, ``target-int8``). Every problem (bundle, options, a text too short) is a one-line ValueError before a model loads."""
     from tokenizers import Tokenizer
 
     from specdec.runners.fused import make_runner
@@ -184,9 +184,13 @@ def evaluate_bundle(bundle_dir: str | Path, text: str, roles=ROLES, context: int
             log.warning("the %s scores a pruned vocabulary (%d of %d ids): its perplexity is infinite where a "
                         "scored token is outside it", role, len(kept), spec.vocab_size)
         step = min(segment, context)
-        runner = make_runner(str(inside(root, spec.onnx_file)), spec, "cpu", context, step, threads, kept_ids=kept)
-        try:
-            results[role] = perplexity_of(runner, tokens, role, add_bos, spec.bos_token_id, context, chunks, step)
-        finally:
-            del runner
+        # every weight form the bundle carries (the first under the role's name, the others as "target-int8")
+        forms = spec.weight_forms or ((None, spec.onnx_file),)
+        for index, (form, path) in enumerate(forms):
+            name = role if index == 0 else f"{role}-{form}"
+            runner = make_runner(str(inside(root, path)), spec, "cpu", context, step, threads, kept_ids=kept)
+            try:
+                results[name] = perplexity_of(runner, tokens, name, add_bos, spec.bos_token_id, context, chunks, step)
+            finally:
+                del runner
     return results

@@ -63,8 +63,6 @@ def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bund
         return fake[form]
 
     monkeypatch.setattr(forms_module, "measure_form", measure)
-    real = choose_form.__defaults__
-    monkeypatch.setattr(forms_module.choose_form, "__defaults__", (*real[:-1], measure))
     decoder = SpeculativeDecoder.load(two_form_bundle)
     assert decoder.weight_form == "int8" and measured == ["nbits", "int8"]
     again = SpeculativeDecoder.load(two_form_bundle)  # read from the store: nothing measured

@@ -73,9 +73,10 @@ def measure_form(onnx_path: str, spec, provider: str, threads: int | None) -> di
 
 
 def choose_form(root, spec, identity: str, provider: str, threads: int | None, wanted: str | None = None,
-                measure=measure_form) -> tuple[str, str]:
+                measure=None) -> tuple[str, str]:
     """(form, onnx file) of ``spec`` to run: ``wanted`` when given, the only one when there is one, else this
-    machine's stored choice or a new measurement (stored)."""
+    machine's stored choice or a new measurement (stored; ``measure``: a form's timing, default ``measure_form``)."""
+    measure = measure or measure_form
     forms = dict(spec.weight_forms) or {None: spec.onnx_file}
     if wanted is not None:
         if wanted not in forms:

@@ -131,7 +131,7 @@ def cmd_serve(args) -> int:
     try:
         import uvicorn
 
-        from specdec.serving.app import LoadOptions, ServerOptions, build_app
+        from specdec.serving.app import LOCAL_HOSTS, LoadOptions, ServerOptions, build_app
     except ImportError as exc:
         raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
     from specdec.serving.pool import PoolOptions
@@ -150,8 +150,9 @@ def cmd_serve(args) -> int:
     load_options = LoadOptions(provider=args.provider, max_context=worker_context(args), threads=args.threads,
                                verify=not args.no_verify, cache_ram_mib=args.cache_ram,
                                suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
-                             weight_form=args.weight_form)
-    exposed = [host for host in host_list(args.host) if host not in ("127.0.0.1", "localhost", "::1")]
+                               weight_form=args.weight_form)
+    hosts = host_list(args.host)
+    exposed = [host for host in hosts if host not in LOCAL_HOSTS]
     if exposed and not server_options.api_keys:
         print(f"specdec: serving on {', '.join(exposed)} without --api-key: anyone who reaches that address can use "
               "the API", file=sys.stderr)
@@ -159,10 +160,8 @@ def cmd_serve(args) -> int:
     if server_options.webui:
         import logging
 
-        host = host_list(args.host)[0]
-        shown = f"[{host}]" if ":" in host else host
+        shown = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
         logging.getLogger("specdec.serve").info("chat page: http://%s:%d/ (--no-webui: none)", shown, args.port)
-    hosts = host_list(args.host)
     if len(hosts) == 1:
         uvicorn.run(app, host=hosts[0], port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
                     log_level="info")

@@ -135,9 +135,19 @@ def _write(path: Path, layout: int, entries: dict, what: str) -> None:
         log.warning("could not save %s to %s: %s", what, path, exc)
 
 
-def _other_cores(entry) -> float:
+def other_cores_of(entry) -> float:
+    """The other processes' cores a stored entry was measured beside (0 when it does not say)."""
     value = entry.get("other_cores") if isinstance(entry, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+
+
+def _costs_of(entry) -> Costs | None:
+    try:
+        return Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]),
+                     context=int(entry["context"]), verify_slope=tuple(float(v) for v in entry["verify_slope"]),
+                     draft_slope=float(entry["draft_slope"]))
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def load_costs(key: str, path: Path | None = None) -> Costs | None:
@@ -147,13 +157,8 @@ def load_costs(key: str, path: Path | None = None) -> Costs | None:
 def load_costs_entry(key: str, path: Path | None = None) -> tuple[Costs | None, float]:
     """(the stored costs or None, the other processes' cores they were measured beside)."""
     entry = _read(path or cache_dir() / FILE_NAME).get(key)
-    try:
-        costs = Costs(draft_step=float(entry["draft_step"]), verify=tuple(float(v) for v in entry["verify"]),
-                      context=int(entry["context"]), verify_slope=tuple(float(v) for v in entry["verify_slope"]),
-                      draft_slope=float(entry["draft_slope"]))
-    except (TypeError, KeyError, ValueError):
-        return None, 0.0
-    return costs, _other_cores(entry)
+    costs = _costs_of(entry)
+    return (costs, other_cores_of(entry)) if costs is not None else (None, 0.0)
 
 
 def save_costs(key: str, costs: Costs, path: Path | None = None, other_cores: float = 0.0) -> bool:
@@ -161,7 +166,8 @@ def save_costs(key: str, costs: Costs, path: Path | None = None, other_cores: fl
     on a quieter CPU; returns whether they were stored."""
     path = path or cache_dir() / FILE_NAME
     entries = _read(path)
-    if key in entries and load_costs(key, path) is not None and _other_cores(entries[key]) < other_cores:
+    stored = entries.get(key)
+    if _costs_of(stored) is not None and other_cores_of(stored) < other_cores:
         return False
     entries[key] = {"draft_step": costs.draft_step, "verify": list(costs.verify), "context": costs.context,
                     "verify_slope": list(costs.verify_slope), "draft_slope": costs.draft_slope,

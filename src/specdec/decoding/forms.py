@@ -23,7 +23,8 @@ import logging
 import time
 
 from specdec.contract.bundle import inside
-from specdec.decoding.calibration_store import OTHER_CORES_LIMIT, OtherLoad, load_check, machine_key, save_check
+from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, load_check, machine_key,
+                                                other_cores_of, save_check)
 from specdec.decoding.cost_model import fill_context, time_passes
 from specdec.runners.fused import make_runner
 from specdec.runners.resident import trim_heap
@@ -36,11 +37,6 @@ REPEATS = 3
 
 
 QUIET_SAMPLE_SECONDS = 0.25  # how long a load watches the CPU before measuring a noisy choice again
-
-
-def _noisy(stored: dict) -> bool:
-    cores = stored.get("other_cores")
-    return isinstance(cores, (int, float)) and cores > OTHER_CORES_LIMIT
 
 
 def machine_is_quiet(seconds: float = QUIET_SAMPLE_SECONDS) -> bool:
@@ -88,7 +84,7 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
     key = machine_key(identity, provider, threads, checks="weight_form")
     stored = load_check(key)
     if stored is not None and stored.get("form") in forms and not (
-            _noisy(stored) and machine_is_quiet()):  # measured beside other work: again at a quiet load
+            other_cores_of(stored) > OTHER_CORES_LIMIT and machine_is_quiet()):  # measured beside other work: again at a quiet load
         return stored["form"], forms[stored["form"]]
     other = OtherLoad()
     costs = {name: measure(str(inside(root, path)), spec, provider, threads) for name, path in forms.items()}

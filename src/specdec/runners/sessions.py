@@ -58,7 +58,7 @@ class SessionHolder:
         return self._session is not None
 
     def attach(self, runner) -> None:
-        """``runner`` binds from this session: ``close`` makes it drop its binding (``drop_binding``)."""
+        """``runner`` binds from the held onnxruntime session: ``close`` makes it drop its binding (``drop_binding``)."""
         with self._lock:
             self._runners.add(runner)
 

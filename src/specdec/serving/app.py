@@ -27,6 +27,7 @@ import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -241,15 +242,16 @@ CORS_METHODS = b"GET, POST, DELETE, OPTIONS"  # llama-server's defaults
 CORS_HEADERS = b"*"
 
 
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")  # this machine's own addresses
+
+
 def is_localhost_origin(origin: str) -> bool:
     """Whether a browser's Origin names a page served from this machine (localhost, 127.0.0.1, [::1])."""
-    from urllib.parse import urlsplit
-
     try:
         host = urlsplit(origin).hostname
     except ValueError:
         return False
-    return host in ("localhost", "127.0.0.1", "::1")
+    return host in LOCAL_HOSTS
 
 
 class _Cors:

@@ -116,7 +116,9 @@ def check_bench_args(args) -> None:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if (args.peer_transformers or args.peer_genai or getattr(args, "peer_llama_server", None)) and args.temperature != 0:
+    peers = (args.peer_transformers, args.peer_genai, getattr(args, "peer_llama_server", None),
+             getattr(args, "peer_openvino", False))
+    if any(peers) and args.temperature != 0:
         raise ValueError("peer columns are greedy only: use --temperature 0")
 
 
@@ -448,6 +450,14 @@ def markdown(report: dict) -> str:
         lines.append("llama.cpp rows (llama:*): llama-server, one process per mode on the bundle's source GGUF, timed "
                      "by its own /completion timings (decode: predicted_n / predicted_ms; prefill: prompt_ms); RSS: "
                      "the server's peak (VmHWM). " + " ".join(llama.get("notes", [])))
+    openvino = report.get("openvino")
+    if openvino:
+        jobs = [v["job"] for k, v in openvino.items() if k != "notes"]
+        properties = json.dumps(jobs[0]["properties"]) if jobs and jobs[0]["properties"] else "its defaults"
+        version = next((v.get("version") for k, v in openvino.items() if k != "notes"), None) or "?"
+        lines.append(f"OpenVINO GenAI {version} rows (ov:*): an LLMPipeline per mode in its own process on the same GGUFs, with "
+                     f"{properties}; prefill: its time to first token; decode: the rest of the generate call over the "
+                     "remaining tokens; RSS: the worker's peak. " + " ".join(openvino.get("notes", [])))
     info = report.get("provenance")
     if info:
         packages = ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v)

@@ -60,7 +60,7 @@ def check_gguf(path: str, role: str) -> str:
     return path
 
 
-def gguf_from_manifest(bundle: str, verify: bool = True) -> tuple:
+def gguf_from_manifest(bundle: str, verify: bool = True, flag: str = "--peer-llama-server") -> tuple:
     """(target, draft) source GGUF paths the bundle's manifest records (``Manifest.sources``), else None each.
 
     A recorded file must still be there with the sha256 recorded at export (checked through specdec's
@@ -77,12 +77,12 @@ def gguf_from_manifest(bundle: str, verify: bool = True) -> tuple:
             found.append(None)
             continue
         if not os.path.isfile(record.path):
-            raise ValueError(f"--peer-llama-server: the {role} GGUF the bundle was exported from, {record.path}, is "
+            raise ValueError(f"{flag}: the {role} GGUF the bundle was exported from, {record.path}, is "
                              "not there: give --peer-gguf TARGET [DRAFT]")
         if hashes is not None:
             digest = hashes.sha256(Path(record.path))
             if digest != record.sha256:
-                raise ValueError(f"--peer-llama-server: {record.path} has sha256 {digest[:12]}..., not the "
+                raise ValueError(f"{flag}: {record.path} has sha256 {digest[:12]}..., not the "
                                  f"{record.sha256[:12]}... the {role} was exported from: give --peer-gguf TARGET "
                                  "[DRAFT] to compare against other files")
         found.append(record.path)
@@ -91,13 +91,13 @@ def gguf_from_manifest(bundle: str, verify: bool = True) -> tuple:
     return tuple(found)
 
 
-def resolve_ggufs(bundle: str, peer_gguf) -> tuple:
+def resolve_ggufs(bundle: str, peer_gguf, flag: str = "--peer-llama-server") -> tuple:
     """(target, draft or None) from ``--peer-gguf TARGET [DRAFT]``, else the manifest's sources; checked now."""
     if peer_gguf and len(peer_gguf) > 2:
         raise ValueError("--peer-gguf takes TARGET [DRAFT]")
-    target, draft = (list(peer_gguf) + [None])[:2] if peer_gguf else gguf_from_manifest(bundle)
+    target, draft = (list(peer_gguf) + [None])[:2] if peer_gguf else gguf_from_manifest(bundle, flag=flag)
     if not target:
-        raise ValueError("--peer-llama-server needs the source GGUF: give --peer-gguf TARGET [DRAFT] (the bundle's "
+        raise ValueError(f"{flag} needs the source GGUF: give --peer-gguf TARGET [DRAFT] (the bundle's "
                          "manifest records none: bundles exported from GGUF files record them)")
     return check_gguf(target, "target"), (check_gguf(draft, "draft") if draft else None)
 

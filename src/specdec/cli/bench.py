@@ -10,6 +10,7 @@ from pathlib import Path
 from specdec.bench.bench import (build_modes, check_bench_args, check_writable, load_prompts, markdown, plot, preflight,
                                  provenance, run_bench)
 from specdec.bench.llama_server import MODES as LLAMA_MODES
+from specdec.bench.openvino_peer import MODES as OPENVINO_MODES, OpenvinoPeer
 from specdec.bench.session import SPECDEC_MODES
 from specdec.cli.args import add_load_args
 from specdec.decoding.proposers import proposer_names
@@ -51,6 +52,22 @@ def add_bench_parser(commands) -> None:
     llama.add_argument("--llama-args", default="",
                        help="extra llama-server arguments for every server, one string (e.g. --llama-args=--no-repack "
                             "where ggml's AMX kernels crash)")
+    openvino = bench.add_argument_group("OpenVINO GenAI peer")
+    openvino.add_argument("--peer-openvino", action="store_true",
+                          help="also time OpenVINO GenAI on the same GGUFs (--peer-gguf or the manifest's): target-only, "
+                               "its speculative decoding with the draft, its prompt lookup; a worker process per mode")
+    openvino.add_argument("--openvino-python", default=None, metavar="PYTHON",
+                          help="the interpreter that has openvino-genai (default: this one)")
+    openvino.add_argument("--openvino-draft", default=None, metavar="GGUF",
+                          help="the draft GGUF for ov:draft when OpenVINO cannot read --peer-gguf's (its GGUF reader "
+                               "takes no Q5_0: a Q8_0 copy by llama-quantize --allow-requantize)")
+    openvino.add_argument("--openvino-modes", default=",".join(OPENVINO_MODES),
+                          help="comma list of OpenVINO GenAI modes (default: all; ov:draft needs the draft GGUF)")
+    openvino.add_argument("--openvino-draft-tokens", type=int, default=4,
+                          help="num_assistant_tokens of ov:draft and ov:lookup (default 4)")
+    openvino.add_argument("--openvino-config", default=None, metavar="JSON",
+                          help="OpenVINO properties for every pipeline, a JSON object (e.g. "
+                               "'{\"INFERENCE_PRECISION_HINT\": \"f32\"}')")
     session = bench.add_argument_group("session benchmark (instead of --prompts)")
     session.add_argument("--session", nargs="+", metavar="TRACE",
                          help="replay these traces (tools/make_traces.py) through `specdec serve BUNDLE` over HTTP "
@@ -71,8 +88,8 @@ def check_llama(args) -> tuple | None:
     from specdec.bench.llama_server import check_binary, resolve_ggufs
 
     if not args.peer_llama_server:
-        if args.peer_gguf:
-            raise ValueError("--peer-gguf applies to --peer-llama-server")
+        if args.peer_gguf and not getattr(args, "peer_openvino", False):
+            raise ValueError("--peer-gguf applies to --peer-llama-server and --peer-openvino")
         return None
     binary = check_binary(args.peer_llama_server)
     target, draft = resolve_ggufs(args.bundle, args.peer_gguf)
@@ -87,15 +104,39 @@ def check_llama(args) -> tuple | None:
     return binary, target, draft, modes, tuple(shlex.split(args.llama_args))
 
 
+def check_openvino(args) -> tuple | None:
+    """(python, target GGUF, draft GGUF or None, modes, properties) of --peer-openvino, checked before anything
+    runs (the interpreter is asked to import openvino_genai)."""
+    from specdec.bench.llama_server import check_gguf, resolve_ggufs
+    from specdec.bench.openvino_peer import check_python, parse_modes, parse_properties
+
+    if not args.peer_openvino:
+        return None
+    modes = parse_modes(args.openvino_modes)
+    if args.openvino_draft_tokens < 1:
+        raise ValueError(f"--openvino-draft-tokens must be >= 1, got {args.openvino_draft_tokens}")
+    properties = parse_properties(args.openvino_config)
+    target, draft = resolve_ggufs(args.bundle, args.peer_gguf, flag="--peer-openvino")
+    if args.openvino_draft:
+        draft = check_gguf(args.openvino_draft, "draft")
+    return check_python(args.openvino_python or sys.executable), target, draft, modes, properties
+
+
 def llama_context(args) -> int:
     from specdec.bench.llama_server import DEFAULT_CONTEXT
 
     return args.llama_context or args.max_context or DEFAULT_CONTEXT
 
 
-def load_peers(args, encode, say, llama=None) -> tuple:
+def load_peers(args, encode, say, llama=None, openvino=None) -> tuple:
     peers = []
     try:
+        if openvino:
+            from specdec.bench.openvino_peer import OpenvinoPeer
+
+            python, target, draft, modes, properties = openvino
+            peers.append(OpenvinoPeer(python, target, draft, encode, args.max_new_tokens, say, args.threads, modes,
+                                      args.openvino_draft_tokens, properties, log_dir=args.out))
         if llama:
             from specdec.bench.llama_server import LlamaServerPeer
 
@@ -129,6 +170,7 @@ def cmd_bench(args) -> int:
     if args.session:
         return cmd_session(args)
     llama = check_llama(args)
+    openvino = check_openvino(args)
     prompts = load_prompts(args.prompts, args.limit)
     modes = build_modes(args.draft_tokens, args.proposers, args.trees)
     check_writable(Path(args.out))
@@ -141,16 +183,18 @@ def cmd_bench(args) -> int:
             from specdec.runners.standard import session_options
 
             session_options(args.threads)  # the process-wide thread pool first, as when specdec's models load first
-            peers = load_peers(args, encode, say, llama)
+            peers = load_peers(args, encode, say, llama, openvino)
         decoder = SpeculativeDecoder.load(args.bundle, provider=args.provider, max_context=args.max_context,
                                           threads=args.threads, verify=not args.no_verify, exact_rows=args.exact_rows,
                                           weight_form=args.weight_form)
         preflight(decoder, prompts, modes, args.max_new_tokens, args.temperature)
         if not args.peers_first:
-            peers = load_peers(args, encode, say, llama)
+            peers = load_peers(args, encode, say, llama, openvino)
         report = run_bench(decoder, prompts, modes, args.max_new_tokens, args.temperature, args.repeat, peers=peers)
         for peer in peers:
-            if hasattr(peer, "describe"):
+            if isinstance(peer, OpenvinoPeer):
+                report["openvino"] = peer.describe()
+            elif hasattr(peer, "describe"):
                 report["llama_server"] = peer.describe() | {"context": llama_context(args)}
     finally:
         for peer in peers:

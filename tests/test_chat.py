@@ -77,6 +77,44 @@ def test_render_matches_transformers(chat_bundle):
     for generation_prompt in (True, False):
         expected = reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=generation_prompt)
         assert render_chat(template, MESSAGES, add_generation_prompt=generation_prompt) == expected
+    prefilled = MESSAGES + [{"role": "assistant", "content": "def add(a, b):\n    return"}]
+    expected = reference.apply_chat_template(prefilled, tokenize=False, continue_final_message=True)
+    assert render_chat(template, prefilled, continue_final_message=True) == expected
+    assert expected.endswith("return")
+
+
+LLAMA3_LIKE = ("{% for m in messages %}<|start|>{{ m.role }}\n\n{{ m.content | trim }}<|eot|>{% endfor %}"
+               "{% if add_generation_prompt %}<|start|>assistant\n\n{% endif %}")
+
+
+@pytest.mark.parametrize("prefill, ending", [
+    (" Whill", "<|start|>assistant\n\nWhill"),  # the template trims it: the cut follows the trimmed text
+    ("Whill ", "<|start|>assistant\n\nWhill"),
+    ("", "<|start|>assistant\n\n"),  # an empty prefill: a new turn
+    ("   ", "<|start|>assistant\n\n"),
+])
+def test_a_final_assistant_message_is_continued(prefill, ending):
+    from specdec.decoding.chat import render_chat
+
+    messages = [{"role": "user", "content": "What is the best book"}, {"role": "assistant", "content": prefill}]
+    text = render_chat(LLAMA3_LIKE, messages, continue_final_message=True)
+    assert text.endswith("What is the best book<|eot|>" + ending) and text.count("assistant") == 1
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([{"role": "user", "content": "x"}], r"messages\[0\]: continuing the final message needs an assistant"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "a", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}], "with tool_calls"),
+])
+def test_what_cannot_be_continued_is_named(messages, message):
+    from specdec.decoding.chat import ChatTemplateError, render_chat
+
+    with pytest.raises(ChatTemplateError, match=message):
+        render_chat(LLAMA3_LIKE, messages, continue_final_message=True)
+    dropping = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="does not write the final assistant message"):
+        render_chat(dropping, [{"role": "user", "content": "x"}, {"role": "assistant", "content": "abc"}],
+                    continue_final_message=True)
 
 
 def test_render_helpers_like_transformers():
@@ -145,6 +183,20 @@ def test_chat_equals_generate_on_the_rendered_prompt(chat_decoder):
     assert (result.token_ids, result.text, result.finish_reason) == (expected.token_ids, expected.text,
                                                                       expected.finish_reason)
     assert "".join(stream_chat(chat_decoder, MESSAGES, max_new_tokens=24)) == result.text
+
+
+def test_chat_continues_a_final_assistant_message(chat_decoder):
+    """By default a conversation ending with the assistant's message is a prefill: generate() on the prompt cut
+    after its text (no end of turn, no new header); continue_final_message=False starts a new turn instead."""
+    from specdec.decoding.chat import chat, chat_prompt
+
+    prefilled = MESSAGES + [{"role": "assistant", "content": "def add(a, b):"}]
+    prompt = chat_prompt(chat_decoder, prefilled)
+    assert prompt.text.endswith("<extra_121>assistant\ndef add(a, b):")
+    expected = chat_decoder.generate(prompt.ids, max_new_tokens=16, stop_token_ids=prompt.stop_token_ids)
+    result = chat(chat_decoder, prefilled, max_new_tokens=16)
+    assert result.token_ids == expected.token_ids
+    assert chat_prompt(chat_decoder, prefilled, continue_final_message=False).text.endswith("assistant\n")
 
 
 def test_end_of_turn_token_ends_the_reply(chat_decoder):

@@ -112,13 +112,18 @@ GO_ON = {"role": "user", "content": "go on"}
      "messages.0.content.0"),
     ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "tool_use", "id": "t", "name": "f",
                                                                   "input": {}}]}], "messages.0.content.1"),
-    ([GO_ON, {"role": "assistant", "content": "The answer is"}], "messages.1"),  # prefill
 ])
-def test_a_block_in_the_wrong_role_or_a_prefill_is_a_400_naming_it(messages, field):
+def test_a_block_in_the_wrong_role_is_a_400_naming_it(messages, field):
     body = _anthropic({"messages": messages})
     with pytest.raises(APIError) as info:
         anthropic.chat_messages(body.system, body.messages)
     assert info.value.status == 400 and info.value.param == field
+
+
+def test_a_final_assistant_message_stays_last_to_be_continued():
+    """A prefill: Anthropic's API continues it (the renderer cuts the prompt after it: test_chat.py)."""
+    body = _anthropic({"messages": [GO_ON, {"role": "assistant", "content": "The answer is"}]})
+    assert anthropic.chat_messages(body.system, body.messages)[-1] == {"role": "assistant", "content": "The answer is"}
 
 
 @pytest.mark.parametrize("finish, called, stop_string, expected", [

@@ -164,13 +164,52 @@ def check_texts(value, where: str) -> None:
             check_texts(item, f"{where}[{position}]")
 
 
+def ends_with_assistant(messages) -> bool:
+    """Whether the conversation's last message is the assistant's (a prefill to continue, by default)."""
+    last = messages[-1] if isinstance(messages, Sequence) and messages else None
+    return isinstance(last, dict) and last.get("role") == "assistant"
+
+
 def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: bool = True, tools=None,
-                **variables) -> str:
+                continue_final_message: bool = False, **variables) -> str:
     """The prompt text for ``messages``, ending with the assistant header when ``add_generation_prompt``.
+
+    ``continue_final_message``: the last message is the assistant's beginning of its answer (a prefill, as
+    transformers' ``apply_chat_template(continue_final_message=True)``, vLLM's and llama-server's): the text
+    ends right after its content, so the model continues it. An empty one is no prefill: the conversation
+    before it, with the assistant header.
 
     ``tools``: OpenAI-style function specs, passed to the template as transformers'
     ``apply_chat_template(..., tools=...)`` does; an assistant message's ``tool_calls`` arguments given as
     JSON text are passed as objects (decoding/tools.py)."""
+    if continue_final_message:
+        return _continued(template, messages, tools, variables)
+    return _render(template, messages, add_generation_prompt, tools, variables)
+
+
+def _continued(template, messages, tools, variables) -> str:
+    """``messages`` rendered as a finished conversation, cut after the final assistant message's content."""
+    normalized = normalize_messages(messages)
+    final = normalized[-1]
+    where = f"messages[{len(normalized) - 1}]"
+    if final["role"] != "assistant":
+        raise ChatTemplateError(f"{where}: continuing the final message needs an assistant message last, "
+                                f"not {final['role']!r}")
+    if final.get("tool_calls"):
+        raise ChatTemplateError(f"{where}: an assistant message with tool_calls cannot be continued")
+    content = final.get("content") or ""
+    if not content.strip():
+        return _render(template, normalized[:-1], True, tools, variables)
+    text = _render(template, normalized, False, tools, variables)
+    for piece in (content, content.strip()):  # some templates (Llama 3's) strip a message's ends
+        end = text.rfind(piece)
+        if end >= 0:
+            return text[:end + len(piece)]
+    raise ChatTemplateError(f"{where}: the chat template does not write the final assistant message's text as "
+                            "given, so it cannot be continued")
+
+
+def _render(template: ChatTemplate | str, messages, add_generation_prompt: bool, tools, variables: dict) -> str:
     from specdec.decoding.tools import tool_messages
     jinja2 = _jinja()
 
@@ -243,10 +282,18 @@ def chat_template_of(decoder) -> ChatTemplate:
 _TEMPLATES: dict = {}
 
 
-def chat_prompt(decoder, messages, add_generation_prompt: bool = True, tools=None, **variables) -> ChatPrompt:
-    """Render ``messages`` (and ``tools``) with the decoder's bundle template and encode it."""
+def chat_prompt(decoder, messages, add_generation_prompt: bool = True, tools=None,
+                continue_final_message: bool | None = None, **variables) -> ChatPrompt:
+    """Render ``messages`` (and ``tools``) with the decoder's bundle template and encode it.
+
+    ``continue_final_message``: None (the default) continues a final assistant message (a prefill: the answer
+    continues its text, as llama-server and Anthropic's API do) and ends any other conversation with the
+    assistant header; True / False say which (``render_chat``)."""
     template = chat_template_of(decoder)
-    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, tools=tools, **variables)
+    if continue_final_message is None:
+        continue_final_message = ends_with_assistant(messages)
+    text = render_chat(template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                       continue_final_message=continue_final_message, **variables)
     tokenizer = decoder.codec.tokenizer
     ids = tokenizer.encode(text, add_special_tokens=False).ids
     return ChatPrompt(text, ids, end_of_turn_ids(template, tokenizer))

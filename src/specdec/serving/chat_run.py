@@ -35,6 +35,8 @@ class Conversation:
     constraint: Constraint | None = None  # a grammar on the whole output (a required call cannot take one)
     text_format: Constraint | None = None  # the format of a text answer (set aside when a call is required)
     tools_field: str = "tools"  # the client's field a required call's grammar is blamed on
+    continue_final: bool | None = None  # continue a final assistant message (None: when there is one)
+    add_generation_prompt: bool = True  # end with the assistant's header (a conversation not continued)
 
 
 def render(engine: Engine, conversation: Conversation, names: dict) -> ChatTurn:
@@ -42,7 +44,8 @@ def render(engine: Engine, conversation: Conversation, names: dict) -> ChatTurn:
     ``constraint`` -> ``tools_field`` is added when the constraint is a required call's)."""
     try:
         turn = chat_turn(engine.decoder, conversation.messages, conversation.tools, conversation.tool_choice,
-                         conversation.parallel, conversation.constraint, conversation.text_format)
+                         conversation.parallel, conversation.constraint, conversation.text_format,
+                         conversation.continue_final, conversation.add_generation_prompt)
     except GenerationError as exc:
         raise option_error(exc, names) from None
     if turn.constraint is not None and all(turn.constraint is not given

@@ -31,21 +31,24 @@ class ChatTurn:
 
 
 def chat_turn(decoder, messages: list, tools: list | None = None, tool_choice=None, parallel: bool = True,
-              constraint: Constraint | None = None, text_format: Constraint | None = None) -> ChatTurn:
+              constraint: Constraint | None = None, text_format: Constraint | None = None,
+              continue_final: bool | None = None, add_generation_prompt: bool = True) -> ChatTurn:
     """Render ``messages`` (OpenAI-style dicts) and ``tools`` (OpenAI function specs) with the bundle's template;
     ``tool_choice``: "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}. A required
     call constrains the output to calls. ``text_format`` (an output format: OpenAI's ``response_format``, the
     Responses API's ``text.format``, Anthropic's ``output_config.format``) is the format of a text answer: a turn
     whose call is required has none, so it is set aside then (an agent sends its final answer's format on every
     turn). ``constraint`` (a grammar) constrains the whole output: a required call cannot be combined with it.
-    At most one of the two is given."""
+    At most one of the two is given. ``continue_final``: continue a final assistant message (None: when there is
+    one, as llama-server and Anthropic's API do; decoding/chat.py's ``chat_prompt``)."""
     tools = list(tools or [])
     try:
         usable, required = chosen_tools(tools, tool_choice)
     except ToolError as exc:
         raise GenerationError(str(exc), "tool_choice", _after_name(str(exc), "tool_choice")) from None
     try:
-        prompt = chat_prompt(decoder, messages, tools=tools or None)
+        prompt = chat_prompt(decoder, messages, add_generation_prompt, tools=tools or None,
+                             continue_final_message=continue_final)
         form = tool_format_of(chat_template_of(decoder).source) if usable else None
     except ChatTemplateError as exc:
         raise GenerationError(str(exc), "messages", f"cannot be rendered: {exc}") from None

@@ -66,12 +66,7 @@ def chat_messages(system, messages: list) -> list:
     """``system`` and ``messages`` as OpenAI-style chat messages: an assistant's ``tool_use`` blocks are its message's
     ``tool_calls`` (the input as JSON text); each ``tool_result`` block is a ``role: "tool"`` message answering its
     call, in the order the blocks come (text blocks around them stay the user's messages, in order). A conversation
-    ending with an assistant message asks the model to continue it (prefill), which a chat template's finished turn
-    cannot express: a 400, as the API answers for a model without prefill."""
-    if messages and messages[-1].role == "assistant":
-        field = f"messages.{len(messages) - 1}"
-        raise APIError(400, f"{field}: the conversation ends with an assistant message (prefill), which this server "
-                            "does not support: end with a user message", param=field)
+    ending with an assistant message asks the model to continue it (prefill): the answer continues that text."""
     out = [] if system is None else [{"role": "system", "content": _parts(system)}]
     for position, message in enumerate(messages):
         if isinstance(message.content, str):

@@ -141,3 +141,8 @@ class ChatCompletionRequest(_GenerationFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # vLLM's and llama-server's: continue a final assistant message (default: when the conversation ends with one)
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None  # end with the assistant's header (default: unless continuing)
+    # llama-server's: its timings per chunk; here the last chunks carry ``timings`` whether asked or not
+    timings_per_token: bool = False

@@ -78,14 +78,16 @@ def test_the_draft_controller_backs_off_its_probes():
     controllers, whose probes cost only a wider verify pass, do not."""
     from specdec.decoding.proposers import ProposerResources, make_proposer
     from specdec.decoding.proposers.draft import DRAFT_MAX_PROBE_EVERY
+    from specdec.decoding.options import GenerationOptions
     from specdec.decoding.request import Request
     from specdec.sampling.processors import SamplingConfig
 
     greedy = SamplingConfig(temperature=0.0)
     resources = ProposerResources(64, draft=object(), costs=lambda: GENAI)
-    draft = make_proposer(Request((1, 2, 3), 8, greedy, "auto", None, proposer="draft"), resources)
+    options = GenerationOptions(max_new_tokens=8, sampling=greedy)
+    draft = make_proposer(Request((1, 2, 3), options, "draft"), resources)
     assert draft.auto.max_probe_every == DRAFT_MAX_PROBE_EVERY > draft.auto.probe_every
-    lookup = make_proposer(Request((1, 2, 3), 8, greedy, "auto", None, proposer="lookup"), resources)
+    lookup = make_proposer(Request((1, 2, 3), options, "lookup"), resources)
     assert lookup.autos and all(auto.max_probe_every == auto.probe_every for auto in lookup.autos.values())
 
 
@@ -134,7 +136,8 @@ def test_a_due_probe_waits_for_the_budget_and_probes_stay_within_their_share():
 
 def test_the_decoder_owns_one_probe_budget_its_forks_and_plans_share(tiny_decoder, monkeypatch):
     from specdec.bench.bench import start_cold
-    from specdec.decoding.proposers.draft import DRAFT_PROBE_SHARE, DraftChain
+    from specdec.decoding.cost_model import DRAFT_PROBE_SHARE
+    from specdec.decoding.proposers.draft import DraftChain
 
     budget = tiny_decoder.probe_budget
     assert budget.share == DRAFT_PROBE_SHARE

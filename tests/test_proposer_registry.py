@@ -55,3 +55,42 @@ def test_without_the_module_the_name_is_a_one_line_error():
     proposers.proposer_entries.cache_clear()
     with pytest.raises(GenerationError, match="proposer"):
         scripted_decoder().generate([3, 4], max_new_tokens=4, proposer="repeat")
+
+
+def test_defaults_and_tree_support_are_the_registry_s(tmp_path, monkeypatch):
+    """Which proposer a request without ``proposer=`` gets, which one verifies ``tree=`` and which one may free the
+    draft before the prefill are rows of the registry: a module that declares itself the default becomes it."""
+    from scripted import scripted_decoder
+
+    assert proposers.default_proposer(True, None) == "hybrid"
+    assert proposers.default_proposer(False, None) == "suffix"
+    assert proposers.default_proposer(True, [2, 1]) == "draft"
+    (tmp_path / "repeat_default.py").write_text(MODULE.replace('rank=50)', 'rank=-1, default_with_draft=True, '
+                                                                       'default_without_draft=True)'))
+    monkeypatch.setattr(proposers, "__path__", [*proposers.__path__, str(tmp_path)])
+    proposers.proposer_entries.cache_clear()
+    try:
+        assert proposers.default_proposer(True, None) == proposers.default_proposer(False, None) == "repeat"
+        result = scripted_decoder().generate([3, 4, 4, 4, 5], max_new_tokens=12, num_draft_tokens=2)
+        assert set(result.stats.rounds_by_source) == {"repeat"}
+        with pytest.raises(GenerationError, match='proposer="draft"'):
+            scripted_decoder().generate([3, 4], max_new_tokens=4, proposer="repeat", tree=[2, 1])
+    finally:
+        proposers.proposer_entries.cache_clear()
+
+
+def test_the_decoder_and_the_options_name_no_proposer():
+    """The decoder asks the registry (``draft_cannot_pay``, ``accepts_tree``, the defaults) instead of naming
+    proposers; a name in these files would couple them again."""
+    import re
+    from pathlib import Path
+
+    import specdec.decoding.decoder as decoder
+    import specdec.decoding.options as options
+
+    for module in (decoder, options):
+        code = "\n".join(line for line in Path(module.__file__).read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        code = re.sub(r'"""(.|\n)*?"""', "", code)  # docstrings may name them
+        named = re.findall(r'["\'](hybrid|suffix|lookup)["\']|proposer\s*==', code)
+        assert not named, (module.__name__, named)

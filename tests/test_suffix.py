@@ -82,12 +82,14 @@ def test_the_plan_prices_a_proposal_by_the_rows_it_adds_to_a_pass_that_feeds_giv
     from types import SimpleNamespace
 
     from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer
+    from specdec.decoding.options import GenerationOptions
     from specdec.decoding.request import Request
 
     cache = SuffixCache(1 << 16)
     cache.calibration.hits[:] = cache.calibration.predicted[:] * 0.75  # every path probability 0.75
     cache.add([3, 4])  # after "3": one node, 4
-    request = Request((1, 2, 3), 8, SamplingConfig(temperature=0.0), "auto", None, proposer="suffix")
+    request = Request((1, 2, 3), GenerationOptions(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0)),
+                      "suffix")
 
     def proposer_for(verify):
         proposer = make_proposer(request, ProposerResources(64, costs=lambda: Costs(0.0, verify), suffix_cache=cache))

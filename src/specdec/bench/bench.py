@@ -43,6 +43,7 @@ def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict
     known proposers, tree shapes that parse and fit in one verify pass. Errors are one ValueError line
     naming the option.
     """
+    from specdec.decoding.options import GenerationOptions
     from specdec.decoding.tree import AUTO_TREE_BUDGET, parse_tree, tree_size
 
     limits = _decoder_limits()
@@ -51,13 +52,11 @@ def build_modes(draft_tokens: str, proposers: str = "", trees: str = "") -> dict
         if item == "auto":  # the product default: auto lengths, hybrid proposals
             modes["auto"] = {"num_draft_tokens": "auto"}
             continue
-        try:
-            length = int(item)
+        try:  # the range is GenerationOptions' (one check, the one generate() makes)
+            length = GenerationOptions(num_draft_tokens=int(item)).num_draft_tokens
         except ValueError:
-            length = -1
-        if not 0 <= length <= limits["max_draft"]:
             raise ValueError(f"--draft-tokens: {item!r} is not a draft length (an integer in 0..{limits['max_draft']}"
-                             " or auto)")
+                             " or auto)") from None
         if length > 0:  # a fixed chain from the draft model
             modes[str(length)] = {"num_draft_tokens": length, "proposer": "draft"}
     for proposer in filter(None, (part.strip() for part in proposers.split(","))):
@@ -455,7 +454,8 @@ def markdown(report: dict) -> str:
         jobs = [v["job"] for k, v in openvino.items() if k != "notes"]
         properties = json.dumps(jobs[0]["properties"]) if jobs and jobs[0]["properties"] else "its defaults"
         version = next((v.get("version") for k, v in openvino.items() if k != "notes"), None) or "?"
-        lines.append(f"OpenVINO GenAI {version} rows (ov:*): an LLMPipeline per mode in its own process on the same GGUFs, with "
+        lines.append(f"OpenVINO GenAI {version} rows (ov:*): an LLMPipeline per mode in its own process on the same "
+                     "GGUFs, with "
                      f"{properties}; prefill: its time to first token; decode: the rest of the generate call over the "
                      "remaining tokens; RSS: the worker's peak. " + " ".join(openvino.get("notes", [])))
     info = report.get("provenance")

@@ -138,6 +138,10 @@ class ObservedCosts:
                            tuple(cost * self.target_scale for cost in calibrated.verify))
 
 
+# auto: the share of the target's decode seconds the draft's probe rounds may spend (a decoder's ProbeBudget)
+DRAFT_PROBE_SHARE = 0.03
+
+
 class ProbeBudget:
     """What the draft model's probe rounds may spend: ``share`` of the target's decode seconds, earned as they
     are spent and carried across requests (one budget per decoder, shared by its forks: thread-safe).
@@ -149,7 +153,7 @@ class ProbeBudget:
     holds at most ``share`` of ``window`` seconds: a long stretch where the draft wins on its merits does not
     bank probes for the next losing one, and a probe dearer than that cap (a draft far behind) never runs."""
 
-    def __init__(self, share: float | None, window: float = 60.0):
+    def __init__(self, share: float | None = DRAFT_PROBE_SHARE, window: float = 60.0):
         if share is not None and not 0.0 <= share <= 1.0:
             raise ValueError(f"the probe share must be in [0, 1], got {share!r}")
         self.share = share

@@ -40,9 +40,7 @@ from specdec.runners.standard import DEFERRED
 from specdec.decoding.prompt_cache import PromptCache
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK
 from specdec.decoding.options import GenerationError, GenerationOptions
-from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer
-from specdec.decoding.proposers.draft import DRAFT_PROBE_SHARE
-from specdec.decoding.proposers.hybrid import draft_prefill_loses
+from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer, proposer_entries
 from specdec.decoding.request import GenerationResult, GenerationStats, Limits, Request, RequestState, make_request
 from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
@@ -86,7 +84,7 @@ class SpeculativeDecoder:
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
         # what auto's draft probes may spend, earned by requests that may run the draft (shared by every fork)
-        self.probe_budget = probe_budget if probe_budget is not None else ProbeBudget(DRAFT_PROBE_SHARE)
+        self.probe_budget = probe_budget if probe_budget is not None else ProbeBudget()
         self._prefill_per_token: float | None = None  # the target's measured prefill seconds per token
         self._calibration_key = calibration_key  # where measured costs are stored on disk (None: not stored)
         self.context_reason = ""  # why max_context is what it is (load's default: the trained context or memory)
@@ -442,13 +440,13 @@ class SpeculativeDecoder:
             draft = TimedRunner(self.draft, "draft", on_pass) if self.draft is not None else None
             started = time.perf_counter()
             leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
-            if request.auto and request.proposer == "hybrid":  # before the target's prefill: its peak memory
+            if proposer_entries()[request.proposer].draft_cannot_pay is not None:  # before the prefill's peak memory
                 self._close_draft_if_it_cannot_pay(request, self._resources(draft, state.tokens, leave),
                                                    len(state.tokens))
             stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
             self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
             proposer = make_proposer(request, self._resources(draft, state.tokens, leave))
-            stats.draft_skipped = getattr(proposer, "draft_skipped", False)
+            stats.draft_skipped = proposer.draft_skipped
             uses_draft = proposer.uses_draft_model
             if uses_draft and self.draft_sessions is not None:
                 holds.enter_context(self.draft_sessions.held())  # no other worker closes it under this request
@@ -497,11 +495,11 @@ class SpeculativeDecoder:
         """Free the draft's session (its weights: 0.38 GiB of the 1.5B pair) when this conversation's context is so
         long that the draft's catch-up would cost more than it could save even if the answer filled the rest of the
         context: follow-ups only make the context longer. A later request that runs the draft opens it again (its
-        open priced like the catch-up: ``draft_prefill_loses``). Outputs never change: only proposals."""
+        open priced like the catch-up: the proposer's ``draft_cannot_pay``). Outputs never change: only proposals."""
         sessions = self.draft_sessions
         if not self.closes_draft or sessions is None or not sessions.is_open:
             return
-        if draft_prefill_loses(request, resources, new_tokens=self.max_context - context):
+        if proposer_entries()[request.proposer].draft_cannot_pay(request, resources, self.max_context - context):
             sessions.close(f"a {context:,}-token context of {self.max_context:,}: the draft's catch-up costs more "
                            "than it could save")
 

@@ -160,8 +160,12 @@ class GenerationOptions:
         if self.tree is not None:
             if self.num_draft_tokens == 0:
                 raise GenerationError.bad("tree", "needs speculation: num_draft_tokens=0 means target-only decoding")
-            if self.proposer not in (None, "draft"):
-                raise GenerationError.bad("tree", "drafting needs a draft model and proposer=\"draft\"")
+            from specdec.decoding.proposers import proposer_entries
+
+            entries = proposer_entries()
+            if self.proposer is not None and not entries[self.proposer].accepts_tree:
+                takes = next(name for name, row in entries.items() if row.accepts_tree)
+                raise GenerationError.bad("tree", f"drafting needs a draft model and proposer=\"{takes}\"")
 
     @property
     def auto(self) -> bool:

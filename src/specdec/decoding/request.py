@@ -117,22 +117,53 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class Request:
+    """A request checked against the loaded bundle (``make_request``): the caller's ``GenerationOptions`` carried
+    whole, and what the check resolved from them (the proposer, the compiled constraint). The loop reads the
+    options through the properties below."""
     prompt_ids: tuple
-    max_new_tokens: int
-    sampling: SamplingConfig
-    num_draft_tokens: int | str  # or "auto"
-    seed: int | None
-    stop: tuple = ()
-    proposer: str = "draft"
-    tree: tuple | str | None = None  # branching factors per depth, "auto", or None (a chain)
-    stop_token_ids: frozenset = frozenset()  # e.g. a chat template's end-of-turn token: ends like EOS
-    acceptance: str = "coupled"  # how sampled proposals are verified (see sampling/coupling.py)
+    options: GenerationOptions
+    proposer: str  # options.proposer, or the registry's default for this bundle (proposers.default_proposer)
     constraint: object = None  # a CompiledConstraint (decoding/constraint.py): the output matches its grammar
-    logprobs: int | None = None  # None: off; k: each token's logprob and its k most likely alternatives
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.options.max_new_tokens
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.options.sampling
+
+    @property
+    def num_draft_tokens(self) -> int | str:  # or "auto"
+        return self.options.num_draft_tokens
 
     @property
     def auto(self) -> bool:
-        return self.num_draft_tokens == "auto"
+        return self.options.auto
+
+    @property
+    def seed(self) -> int | None:
+        return self.options.seed
+
+    @property
+    def stop(self) -> tuple:
+        return self.options.stop
+
+    @property
+    def tree(self) -> tuple | str | None:  # branching factors per depth, "auto", or None (a chain)
+        return self.options.tree
+
+    @property
+    def stop_token_ids(self) -> frozenset:  # e.g. a chat template's end-of-turn token: ends like EOS
+        return frozenset(self.options.stop_token_ids)
+
+    @property
+    def acceptance(self) -> str:  # how sampled proposals are verified (see sampling/coupling.py)
+        return self.options.acceptance
+
+    @property
+    def logprobs(self) -> int | None:  # None: off; k: each token's logprob and its k most likely alternatives
+        return self.options.logprobs
 
 
 @dataclass(frozen=True)
@@ -173,13 +204,13 @@ def make_request(codec: TextCodec, limits: Limits, prompt, options: GenerationOp
     """Check ``options`` against the loaded bundle (a draft for the proposer, token ids in the vocabulary, the
     constraint compiled for its tokenizer, the prompt within the context) into a ``Request``; every error is a
     GenerationError naming its option."""
-    from specdec.decoding.proposers import proposer_entries
+    from specdec.decoding.proposers import default_proposer, proposer_entries
 
     if not isinstance(options, GenerationOptions):
         raise GenerationError.bad("options", f"must be a GenerationOptions, got {type(options).__name__}")
     proposer, tree = options.proposer, options.tree
     if proposer is None:
-        proposer = "draft" if tree is not None else ("hybrid" if limits.has_draft else "suffix")
+        proposer = default_proposer(limits.has_draft, tree)
     longest = AUTO_MAX_DRAFT_TOKENS if options.auto else options.num_draft_tokens
     if tree is not None:
         if not limits.has_draft:
@@ -210,9 +241,7 @@ def make_request(codec: TextCodec, limits: Limits, prompt, options: GenerationOp
     needed = len(prompt_ids) + options.max_new_tokens + longest + 1
     if needed > limits.max_context:
         raise ContextLengthError(len(prompt_ids), options.max_new_tokens, longest, limits.max_context)
-    return Request(prompt_ids, options.max_new_tokens, options.sampling, options.num_draft_tokens, options.seed,
-                   options.stop, proposer, tree, frozenset(options.stop_token_ids), options.acceptance, compiled,
-                   options.logprobs)
+    return Request(prompt_ids, options, proposer, compiled)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from specdec.decoding.proposers.base import (Proposal, Proposer, ProposerEntry, 
                                              RoundResult, chain)
 
 __all__ = ["Proposal", "Proposer", "ProposerEntry", "ProposerResources", "RoundInput", "RoundResult", "chain",
-           "make_proposer", "proposer_entries", "proposer_names"]
+           "default_proposer", "make_proposer", "proposer_entries", "proposer_names"]
 
 
 @lru_cache(maxsize=1)
@@ -39,6 +39,16 @@ def proposer_entries() -> dict:
 
 def proposer_names() -> tuple:
     return tuple(proposer_entries())
+
+
+def default_proposer(has_draft: bool, tree) -> str:
+    """The proposer a request that names none gets: the one that verifies trees when it asks for one, else the
+    registry's default for a bundle with (or without) a draft model."""
+    entries = proposer_entries().values()
+    if tree is not None:
+        return next(entry.name for entry in entries if entry.accepts_tree)
+    return next(entry.name for entry in entries
+                if (entry.default_with_draft if has_draft else entry.default_without_draft))
 
 
 def make_proposer(request, resources: ProposerResources) -> Proposer:

@@ -80,6 +80,7 @@ class Proposer:
     name = "none"
     uses_draft_model = False  # reads the draft model (the decoder prefills the draft for it)
     lazy_draft_prefill = False  # the draft reads the prompt in the first round that uses it, not before
+    draft_skipped = False  # it could have used the draft model but chose not to (its prefill would not pay)
 
     def propose(self, round: RoundInput) -> Proposal | None:
         return None
@@ -102,3 +103,9 @@ class ProposerEntry:
     help: str
     needs_draft: bool = False  # the request needs a bundle with a draft model (unless num_draft_tokens=0)
     rank: int = 100  # the order lists show the proposers in
+    accepts_tree: bool = False  # verifies the token trees ``tree=`` asks for (and is the default with one)
+    default_with_draft: bool = False  # the default proposer of a bundle with a draft model
+    default_without_draft: bool = False  # the default proposer of a bundle without one
+    # (request, ProposerResources, room) -> whether the draft model cannot pay for its catch-up in this conversation
+    # even if the answer filled ``room`` tokens: the decoder may then free the draft's session before the prefill
+    draft_cannot_pay: Callable | None = None

@@ -21,8 +21,6 @@ from specdec.decoding.tree import AUTO_TREE_BUDGET, AUTO_TREE_DEPTH, AUTO_TREE_W
 
 # auto: the longest wait between the draft's probe rounds once probes keep finding it loses (16, 32, 64, 128)
 DRAFT_MAX_PROBE_EVERY = 128
-# auto: the share of the target's decode seconds the draft's probe rounds may spend (a decoder's ProbeBudget)
-DRAFT_PROBE_SHARE = 0.03
 
 
 class DraftChain(Proposer):
@@ -162,4 +160,4 @@ def _make(request, resources) -> Proposer:
 
 
 PROPOSER = ProposerEntry("draft", _make, "the draft model's chains, or its token trees with tree=", needs_draft=True,
-                         rank=0)
+                         rank=0, accepts_tree=True)

@@ -87,5 +87,10 @@ def draft_prefill_loses(request, resources, new_tokens: int | None = None) -> bo
     return draft_prefill > new_tokens * costs.verify[0] * DRAFT_SAVING
 
 
+def draft_cannot_pay(request, resources, room: int) -> bool:
+    """Auto rounds: the draft's catch-up would cost more than it could save even over ``room`` new tokens."""
+    return request.auto and draft_prefill_loses(request, resources, new_tokens=room)
+
+
 PROPOSER = ProposerEntry("hybrid", Hybrid, "the default: suffix trees, the draft's chains or nothing, by expected "
-                         "tokens per second", rank=3)
+                         "tokens per second", rank=3, default_with_draft=True, draft_cannot_pay=draft_cannot_pay)

@@ -86,4 +86,4 @@ class Suffix(Proposer):
 
 
 PROPOSER = ProposerEntry("suffix", Suffix, "suffix decoding: the request's text and recent outputs (no draft model)",
-                         rank=2)
+                         rank=2, default_without_draft=True)

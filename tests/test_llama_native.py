@@ -256,7 +256,7 @@ def test_fail_on_no_slot_when_every_worker_is_busy():
     runner = SimpleNamespace(length=0)
     decoder = SimpleNamespace(max_context=64, target=runner, draft=None)
     pool = SimpleNamespace(decoders=[decoder], worker_states=lambda: [(True, None)])
-    slots = Slots(SimpleNamespace(pool=pool), SimpleNamespace())
+    slots = Slots(SimpleNamespace(pool=pool), SimpleNamespace(slots_endpoint=True))
     with pytest.raises(APIError) as info:
         asyncio.run(slots.list(SimpleNamespace(query_params={"fail_on_no_slot": "1"})))
     assert info.value.status == 503 and info.value.message == "no slot available"

@@ -30,13 +30,18 @@ def test_options_validated():
     """Bad replica settings are refused with the field named."""
     from specdec.serving.ray_serve import RayOptions
 
+    from specdec.serving.app import LoadOptions, ServerOptions
+    from specdec.serving.pool import PoolOptions
+
+    server = ServerOptions(model_name="m")
     with pytest.raises(ValueError, match="replicas"):
-        RayOptions(bundle="b", model_name="m", replicas=0)
+        RayOptions(bundle="b", server=server, replicas=0)
     with pytest.raises(ValueError, match="max_replicas"):
-        RayOptions(bundle="b", model_name="m", replicas=2, max_replicas=1)
+        RayOptions(bundle="b", server=server, replicas=2, max_replicas=1)
     with pytest.raises(ValueError, match="cache_ram_mib"):
-        RayOptions(bundle="b", model_name="m", cache_ram_mib=-1)
-    assert RayOptions(bundle="b", model_name="m", replicas=1, max_replicas=3, workers=2).scaling() == {
+        LoadOptions(cache_ram_mib=-1)
+    assert RayOptions(bundle="b", server=server, pool=PoolOptions(workers=2), replicas=1,
+                      max_replicas=3).scaling() == {
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}}
 
 
@@ -48,6 +53,7 @@ def test_ctrl_c_while_deploying_stops_cleanly(monkeypatch):
     from ray import serve
 
     from specdec.serving import ray_serve
+    from specdec.serving.app import ServerOptions
 
     deleted = []
 
@@ -58,7 +64,7 @@ def test_ctrl_c_while_deploying_stops_cleanly(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(serve, "delete", deleted.append)
     try:
-        code = ray_serve.serve_on_ray(ray_serve.RayOptions(bundle="b", model_name="m"))
+        code = ray_serve.serve_on_ray(ray_serve.RayOptions(bundle="b", server=ServerOptions(model_name="m")))
     except KeyboardInterrupt:  # not re-raised into pytest, which would stop the whole run
         pytest.fail("Ctrl-C while deploying escaped serve_on_ray")
     assert code == 0 and deleted == [ray_serve.APP_NAME]

@@ -112,8 +112,9 @@ def test_openai_client_chat_equals_in_process(client, decoder):
     chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
-    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content is None
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert chunks[-1].model_extra["timings"]["predicted_n"] == len(expected.token_ids)  # llama-server's timings
 
 
 def test_openai_client_completions_equal_generate(client, decoder):
@@ -549,6 +550,18 @@ def test_llama_server_extensions_on_openai_routes(llama_client_server, decoder):
     assert biased == expected
     prompt = httpx.post(f"{url}/apply-template", json={"messages": MESSAGES}, timeout=30).json()["prompt"]
     assert "def add(a, b):" in prompt and "be brief" in prompt
+    prefilled = MESSAGES + [{"role": "assistant", "content": "def add(a, b):"}]  # a prefill: continued
+    prompt_of = lambda extra: httpx.post(f"{url}/apply-template", json={"messages": prefilled, **extra},  # noqa: E731
+                                         timeout=30).json()["prompt"]
+    assert prompt_of({}).endswith("assistant\ndef add(a, b):")
+    assert prompt_of({"add_generation_prompt": False, "continue_final_message": True}) == prompt_of({})
+    assert prompt_of({"continue_final_message": False}).endswith("assistant\n")
+    continued = httpx.post(f"{url}/v1/chat/completions", json={**body, "messages": prefilled},
+                           timeout=60).json()["choices"][0]["message"]["content"]
+    assert continued == decoder.chat(prefilled, max_new_tokens=12).text
+    both = httpx.post(f"{url}/v1/chat/completions", json={**body, "messages": prefilled, "add_generation_prompt": True,
+                                                           "continue_final_message": True}, timeout=30)
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
     counted = httpx.post(f"{url}/chat/completions/input_tokens", json={"messages": MESSAGES}, timeout=30).json()
     assert counted["input_tokens"] == len(decoder.codec.encode(prompt, special=False))
     long = {"messages": MESSAGES * 400, "max_tokens": 4}

@@ -111,7 +111,7 @@ def test_warm_up_then_cached_tokens_in_usage(served, reference):
 
     chunks = _sse(served, "/v1/chat/completions", {**body, "max_tokens": 12, "stream": True,
                                                    "stream_options": {"include_usage": True}})
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == expected.text
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == expected.text
     assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 

@@ -179,6 +179,28 @@ def test_without_a_save_path_slot_actions_are_501(fim_bundle):
         assert client.get("/slots").status_code == 200  # monitoring needs no folder
 
 
+def test_no_slots_and_a_server_seed(fim_bundle):
+    """``--no-slots``: GET /slots is a 501 and /props says so; ``--seed N``: a sampled request without a seed is
+    the request with seed N (and /props' default params name it), one with its own seed keeps it."""
+    from fastapi.testclient import TestClient
+
+    from specdec.serving.app import ServerOptions, build_app
+
+    options = ServerOptions(model_name="m", slots_endpoint=False, seed=7)
+    body = {"prompt": "def area(r):", "n_predict": 12, "temperature": 1.5, "return_tokens": True}
+    with TestClient(build_app(fim_bundle, options)) as client:
+        refused = client.get("/slots")
+        assert refused.status_code == 501 and refused.json()["error"]["type"] == "not_supported_error"
+        props = client.get("/props").json()
+        assert props["endpoint_slots"] is False and props["default_generation_settings"]["params"]["seed"] == 7
+        unseeded = [client.post("/completion", json=body).json()["tokens"] for _ in range(2)]
+        seeded = client.post("/completion", json={**body, "seed": 7}).json()["tokens"]
+        other = client.post("/completion", json={**body, "seed": 8}).json()["tokens"]
+    assert unseeded[0] == unseeded[1] == seeded != other
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        ServerOptions(model_name="m", seed=-1)
+
+
 def test_a_refusal_check_that_touched_the_cache_would_be_caught(fim_bundle, tmp_path, monkeypatch):
     """Planted failure: a restore that changes the cache before it refuses (as one that loaded the target and
     then found the draft wrong would) makes the next request differ from the one before the refusal, which is

@@ -38,7 +38,8 @@ MODEL_SOURCE = {"--hf-repo", "--hf-file", "--model", "-m", "--model-url", "--off
 # llama-server's flag -> specdec serve's (the rest have no meaning to specdec and are dropped)
 TO_SPECDEC = {"--host": "--host", "--port": "--port", "--alias": "--model-name", "--ctx-size": "--ctx-size",
               "--parallel": "--workers", "--slot-save-path": "--slot-save-path", "--api-key": "--api-key",
-              "--threads": "--threads", "--no-ui": "--no-webui", "--cors-origins": "--cors-origins"}
+              "--threads": "--threads", "--no-ui": "--no-webui", "--cors-origins": "--cors-origins",
+              "--seed": "--seed", "--slots": "--slots", "--no-slots": "--no-slots"}
 
 LAUNCHER = '''#!{python}
 import os, sys

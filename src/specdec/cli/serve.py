@@ -3,6 +3,7 @@ replicas on Ray Serve)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def add_serve_parser(commands, add_load_args) -> None:
     serve.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
                        help="web pages whose scripts may read answers: localhost (default: pages of this machine), "
                             "* (any page, llama-server's default), a comma list of origins, or '' (none)")
+    serve.add_argument("--seed", "-s", type=int, default=None, metavar="N",
+                       help="the seed of a sampled request that gives none (llama-server's --seed; default: fresh "
+                            "randomness per request)")
+    serve.add_argument("--slots", action=argparse.BooleanOptionalAction, default=True,
+                       help="answer GET /slots (llama-server's --slots / --no-slots; default: on)")
     serve.add_argument("--ctx-size", "-c", type=int, default=None, metavar="N",
                        help="llama-server's -c: N tokens of context split between the workers (each --max-context "
                             "N / --workers)")
@@ -108,49 +114,54 @@ def worker_context(args) -> int | None:
     return args.ctx_size // args.workers
 
 
-def cmd_serve(args) -> int:
-    if args.slot_save_path is not None and args.ray:
-        raise ValueError("--slot-save-path is for one process's workers: with --ray a request reaches any replica, "
-                         "whose slots are not the ones saved")
-    _show_logs()
-    if args.ray:
-        from specdec.serving.ray_serve import RayOptions, serve_on_ray
+# an option record's field -> the flag that sets it (its ValueError names the field first)
+FLAGS = {"cache_ram_mib": "--cache-ram", "suffix_cache_mib": "--suffix-cache", "slot_save_path": "--slot-save-path",
+         "seed": "--seed", "replicas": "--replicas", "max_replicas": "--max-replicas",
+         "cpus_per_replica": "--cpus-per-replica"}
 
-        names = model_names(args)
-        options = RayOptions(bundle=str(args.bundle), model_name=names[0], aliases=names[1:],
-                             strict_model=args.strict_model_name, shutdown_grace=args.shutdown_grace,
-                             webui=not args.no_webui, api_keys=api_keys(args), cors_origins=args.cors_origins,
-                             host=args.host, port=args.port,
-                             workers=args.workers, max_queue=args.max_queue, replicas=args.replicas,
-                             max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
-                             address=args.address, provider=args.provider, max_context=worker_context(args),
-                             threads=args.threads, verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                             suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
-                             weight_form=args.weight_form)
-        return serve_on_ray(options)
+
+def flag_named(exc: ValueError) -> ValueError:
+    """An option record's one-line error, naming the flag instead of the field."""
+    message = str(exc)
+    field = message.split(" ", 1)[0].split("(", 1)[0]
+    return ValueError(message.replace(field, FLAGS[field], 1) if field in FLAGS else message)
+
+
+def cmd_serve(args) -> int:
+    _show_logs()
     try:
         import uvicorn
 
         from specdec.serving.app import LOCAL_HOSTS, LoadOptions, ServerOptions, build_app
+        from specdec.serving.pool import PoolOptions
     except ImportError as exc:
         raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
-    from specdec.serving.pool import PoolOptions
-
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     names = model_names(args)
-    server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
-                                   shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
-                                   webui=not args.no_webui, api_keys=api_keys(args),
-                                   cors_origins=args.cors_origins)
-    for flag, value in (("--cache-ram", args.cache_ram), ("--suffix-cache", args.suffix_cache)):
-        if not value >= 0:
-            raise ValueError(f"{flag} must be >= 0 MiB, got {value}")
-    load_options = LoadOptions(provider=args.provider, max_context=worker_context(args), threads=args.threads,
-                               verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                               suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
-                               weight_form=args.weight_form)
+    try:
+        server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
+                                       shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
+                                       webui=not args.no_webui, api_keys=api_keys(args),
+                                       cors_origins=args.cors_origins, seed=args.seed, slots_endpoint=args.slots)
+        pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
+        load_options = LoadOptions(provider=args.provider, max_context=worker_context(args), threads=args.threads,
+                                   verify=not args.no_verify, cache_ram_mib=args.cache_ram,
+                                   suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
+                                   weight_form=args.weight_form)
+    except ValueError as exc:
+        raise flag_named(exc) from None
+    if args.ray:
+        from specdec.serving.ray_serve import RayOptions, serve_on_ray
+
+        try:
+            options = RayOptions(bundle=str(args.bundle), server=server_options, pool=pool_options,
+                                 load=load_options, host=args.host, port=args.port, replicas=args.replicas,
+                                 max_replicas=args.max_replicas, cpus_per_replica=args.cpus_per_replica,
+                                 address=args.address)
+        except ValueError as exc:
+            raise flag_named(exc) from None
+        return serve_on_ray(options)
     hosts = host_list(args.host)
     exposed = [host for host in hosts if host not in LOCAL_HOSTS]
     if exposed and not server_options.api_keys:

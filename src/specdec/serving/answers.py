@@ -1,4 +1,5 @@
-"""What every dialect's answer reports beside its text: the ``specdec`` block (acceptance, rounds, timings) and
+"""What every dialect's answer reports beside its text: the ``specdec`` block (acceptance, rounds, timings),
+llama-server's ``timings`` (its native routes; its OpenAI chat route's last chunks) and
 token logprobs in OpenAI's item shape (token text, logprob, UTF-8 bytes, alternatives), which OpenAI's chat and
 Responses answers and llama-server's ``completion_probabilities`` all build on. Boundary: JSON values from a
 finished job; no routes.
@@ -18,6 +19,20 @@ def specdec_fields(done: Done) -> dict:
             "rounds_by_source": dict(stats.rounds_by_source), "tokens_per_second": round(stats.tokens_per_s, 2),
             "prefill_seconds": round(stats.prefill_seconds, 4), "decode_seconds": round(stats.decode_seconds, 4),
             "queue_seconds": round(done.queue_seconds, 4)}
+
+
+def timings(done: Done) -> dict:
+    """llama-server's ``timings``: prompt tokens computed and reused, decode speed, draft tokens proposed/accepted."""
+    stats = done.stats
+    computed = stats.prompt_tokens - stats.cached_tokens
+    prompt_ms, predicted_ms = stats.prefill_seconds * 1000.0, stats.decode_seconds * 1000.0
+    return {"cache_n": stats.cached_tokens, "prompt_n": computed, "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_token_ms": round(prompt_ms / computed, 3) if computed else 0.0,
+            "prompt_per_second": round(computed / stats.prefill_seconds, 2) if stats.prefill_seconds else 0.0,
+            "predicted_n": stats.new_tokens, "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_token_ms": round(predicted_ms / stats.new_tokens, 3) if stats.new_tokens else 0.0,
+            "predicted_per_second": round(stats.tokens_per_s, 2),
+            "draft_n": stats.proposed, "draft_n_accepted": stats.accepted}
 
 
 def logprob_item(codec, token_id: int, logprob: float) -> dict:

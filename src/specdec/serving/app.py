@@ -63,8 +63,15 @@ class ServerOptions:
     # pages served from localhost, 127.0.0.1 or [::1] only), "*" (any page: llama-server's default), or a comma
     # list of origins; "" sends no CORS header (browsers then let no other origin read an answer)
     cors_origins: str = "localhost"
+    seed: int | None = None  # llama-server's --seed: the seed of a request that gives none (None: fresh randomness)
+    slots_endpoint: bool = True  # GET /slots answers (llama-server's --slots / --no-slots; False: a 501)
 
     def __post_init__(self):
+        from specdec.contract.limits import MAX_SEED
+
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or
+                                      not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be an integer in 0..{MAX_SEED}, got {self.seed!r}")
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
             raise ValueError("model names must be non-empty")
         if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
@@ -104,6 +111,15 @@ class LoadOptions:
     suffix_cache_mib: float | None = None  # recent outputs for suffix proposals (None: the decoder's default)
     exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
     weight_form: str | None = None  # the target's weight form to run (None: the one measured faster here)
+
+    def __post_init__(self):
+        for name in ("cache_ram_mib", "suffix_cache_mib"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
+                                      not value >= 0):
+                raise ValueError(f"{name} must be a number >= 0 MiB, got {value!r}")
+        if self.cache_ram_mib is None:
+            raise ValueError("cache_ram_mib must be a number >= 0 MiB, got None")
 
     def load_kwargs(self) -> dict:
         kwargs = dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)

@@ -204,7 +204,10 @@ class Engine:
     def prepare(self, prompt_ids: list, options: GenerationOptions, names: dict, budget_given: bool = True,
                 sources: bool = False, prompt_field: str | None = None, worker: int | None = None) -> Prepared:
         """The decoder's own checks (``make_request``) on these options; a refusal is a 400 naming the field.
-        ``worker``: the one worker that must run it (None: the pool routes it)."""
+        ``worker``: the one worker that must run it (None: the pool routes it). A request that gives no seed takes
+        the server's (``ServerOptions.seed``), if it has one."""
+        if options.seed is None and getattr(self.options, "seed", None) is not None:
+            options = options.replace(seed=self.options.seed)
         try:
             self.decoder.validate(prompt_ids, options)
         except ValueError as exc:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from specdec.serving.app import LoadOptions, ServerOptions
+from specdec.serving.pool import PoolOptions
 
 APP_NAME = "specdec"
 log = logging.getLogger(__name__)
@@ -24,57 +27,38 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RayOptions:
+    """What ``specdec serve --ray`` deploys: each replica's server, pool and load options (the records a local
+    ``specdec serve`` builds, carried whole), and the deployment's own settings."""
     bundle: str
-    model_name: str
-    aliases: tuple = ()  # other model names replies answer to (ServerOptions)
-    strict_model: bool = False  # 404 for a model name not served (ServerOptions)
-    shutdown_grace: float = 10.0  # seconds a replica's running requests may take to finish when it stops
-    webui: bool = True  # the chat page at / (ServerOptions)
-    api_keys: tuple = ()  # keys a request must carry, else 401 (ServerOptions)
-    cors_origins: str = "localhost"  # pages whose scripts may read answers (ServerOptions)
+    server: ServerOptions
+    pool: PoolOptions = field(default_factory=PoolOptions)  # per replica
+    load: LoadOptions = field(default_factory=LoadOptions)  # per replica
     host: str = "127.0.0.1"
     port: int = 8000
-    workers: int = 1  # decoders per replica (forks sharing the replica's sessions)
-    max_queue: int = 16  # per replica, as ``specdec serve --max-queue``
     replicas: int = 1  # fixed count, or the autoscaling minimum when max_replicas is set
     max_replicas: int | None = None  # autoscale on ongoing requests between replicas and this
     cpus_per_replica: float = 1.0  # Ray CPU reservation per replica
     address: str | None = None  # Ray cluster to join ("auto", "host:6379"); None: start a local instance
-    provider: str = "cpu"
-    max_context: int | None = None
-    threads: int | None = None
-    verify: bool = True
-    cache_ram_mib: float = 0  # per replica: a prompt cache shared by its workers (0: none)
-    suffix_cache_mib: float | None = None  # per replica: recent outputs for suffix proposals (None: the default)
-    exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
-    weight_form: str | None = None  # the target's weight form to run (None: the one measured faster here)
 
     def __post_init__(self):
-        for name in ("workers", "replicas"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"replicas must be an integer >= 1, got {self.replicas!r}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= replicas ({self.replicas})")
-        if isinstance(self.cache_ram_mib, bool) or not isinstance(self.cache_ram_mib, (int, float)) or not (
-                self.cache_ram_mib >= 0):
-            raise ValueError(f"cache_ram_mib must be a number >= 0, got {self.cache_ram_mib!r}")
-        if self.suffix_cache_mib is not None and (isinstance(self.suffix_cache_mib, bool) or not isinstance(
-                self.suffix_cache_mib, (int, float)) or not self.suffix_cache_mib >= 0):
-            raise ValueError(f"suffix_cache_mib must be a number >= 0, got {self.suffix_cache_mib!r}")
         if not self.cpus_per_replica > 0:
             raise ValueError(f"cpus_per_replica must be > 0, got {self.cpus_per_replica}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.server.slot_save_path is not None:
+            raise ValueError("slot_save_path is for one process's workers: with Ray a request reaches any replica, "
+                             "whose slots are not the ones saved")
 
     def scaling(self) -> dict:
         """Ray Serve deployment settings: a fixed replica count, or autoscaling bounds."""
         if self.max_replicas is None:
             return {"num_replicas": self.replicas}
         return {"autoscaling_config": {"min_replicas": self.replicas, "max_replicas": self.max_replicas,
-                                       "target_ongoing_requests": self.workers}}
+                                       "target_ongoing_requests": self.pool.workers}}
 
 
 def build_application(options: RayOptions):
@@ -88,26 +72,17 @@ def build_application(options: RayOptions):
         raise ValueError(f"bundle folder {options.bundle} does not exist (every node must see it at this path)")
 
     def replica_app():  # runs in each replica, on its node
-        from specdec.serving.app import LoadOptions, ServerOptions, build_app
-        from specdec.serving.pool import PoolOptions
+        from specdec.serving.app import build_app
 
-        return build_app(bundle, ServerOptions(model_name=options.model_name, aliases=options.aliases,
-                                               strict_model=options.strict_model,
-                                               shutdown_grace=options.shutdown_grace, webui=options.webui,
-                                               api_keys=options.api_keys, cors_origins=options.cors_origins),
-                         PoolOptions(workers=options.workers, max_queue=options.max_queue),
-                         LoadOptions(provider=options.provider, max_context=options.max_context,
-                                     threads=options.threads, verify=options.verify,
-                                     cache_ram_mib=options.cache_ram_mib,
-                                     suffix_cache_mib=options.suffix_cache_mib,
-                                     exact_rows=options.exact_rows, weight_form=options.weight_form))
+        return build_app(bundle, options.server, options.pool, options.load)
 
     replica = serve.deployment(
         name="SpecdecReplica",
         ray_actor_options={"num_cpus": options.cpus_per_replica},
         # Ray routes at most this many requests to a replica at once; more wait in Ray's queue
-        max_ongoing_requests=options.workers + options.max_queue,
-        graceful_shutdown_timeout_s=options.shutdown_grace,  # Ray waits this long for a stopping replica's requests
+        max_ongoing_requests=options.pool.workers + options.pool.max_queue,
+        # Ray waits this long for a stopping replica's requests
+        graceful_shutdown_timeout_s=options.server.shutdown_grace,
         **options.scaling(),
     )(serve.ingress(replica_app)())
     return replica.bind()
@@ -161,7 +136,7 @@ def serve_on_ray(options: RayOptions) -> int:
 
     try:
         start(options)
-        log.info("serving %s on Ray Serve at http://%s:%d/v1 (%s replicas); Ctrl-C stops", options.model_name,
+        log.info("serving %s on Ray Serve at http://%s:%d/v1 (%s replicas); Ctrl-C stops", options.server.model_name,
                  options.host, options.port,
                  f"{options.replicas}{'..' + str(options.max_replicas) if options.max_replicas else ''}")
         while True:

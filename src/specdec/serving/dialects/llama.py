@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from specdec.decoding.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.options import GenerationError, GenerationOptions
-from specdec.serving.answers import logprob_entry, specdec_fields
+from specdec.serving.answers import logprob_entry, specdec_fields, timings
 from specdec.serving.dialects import llama_info, llama_slots
 from specdec.serving.dialects.llama_models import CompletionRequest, InfillRequest, LlamaGeneration
 from specdec.serving.jobs import Done, Engine, Piece
@@ -64,20 +64,6 @@ def stop_type(done: Done, stop_ids: set) -> str:
     if done.finish == "eos" or (done.finish == "stop" and done.last_token in stop_ids):
         return "eos"
     return "word" if done.finish == "stop" else "limit"
-
-
-def timings(done: Done) -> dict:
-    """llama-server's ``timings``: prompt tokens computed and reused, decode speed, draft tokens proposed/accepted."""
-    stats = done.stats
-    computed = stats.prompt_tokens - stats.cached_tokens
-    prompt_ms, predicted_ms = stats.prefill_seconds * 1000.0, stats.decode_seconds * 1000.0
-    return {"cache_n": stats.cached_tokens, "prompt_n": computed, "prompt_ms": round(prompt_ms, 3),
-            "prompt_per_token_ms": round(prompt_ms / computed, 3) if computed else 0.0,
-            "prompt_per_second": round(computed / stats.prefill_seconds, 2) if stats.prefill_seconds else 0.0,
-            "predicted_n": stats.new_tokens, "predicted_ms": round(predicted_ms, 3),
-            "predicted_per_token_ms": round(predicted_ms / stats.new_tokens, 3) if stats.new_tokens else 0.0,
-            "predicted_per_second": round(stats.tokens_per_s, 2),
-            "draft_n": stats.proposed, "draft_n_accepted": stats.accepted}
 
 
 def llama_answer(text: str, done: Done, stop_ids: set, model: str, ignored: list) -> dict:

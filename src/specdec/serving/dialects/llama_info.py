@@ -89,6 +89,8 @@ class Props:
         defaults = LlamaGeneration()
         params = {name: getattr(defaults, name) for name in ("n_predict", "temperature", "top_k", "top_p", "min_p",
                                                              "repeat_penalty", "seed", "n_probs", "stream")}
+        if self.server.seed is not None:
+            params["seed"] = self.server.seed
         eos = sorted(manifest.target.eos_token_ids)
         return {
             "default_generation_settings": {"n_ctx": decoder.max_context, "params": params},
@@ -98,7 +100,8 @@ class Props:
             "bos_token": token_text(codec, manifest.target.bos_token_id),
             "eos_token": token_text(codec, eos[0] if eos else None),
             "build_info": build_info(),
-            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True, "is_sleeping": False,
+            "endpoint_slots": self.server.slots_endpoint, "endpoint_props": False, "endpoint_metrics": True,
+            "is_sleeping": False,
             "specdec": {
                 "max_context": decoder.max_context, "workers": pool.options.workers,
                 "has_draft": decoder.draft is not None, "proposers": list(proposer_names()),

@@ -1,9 +1,9 @@
 """llama-server's slots: ``GET /slots`` and ``POST /slots/{id}?action=save|restore|erase``. A slot is a pool worker
 (its decoder's KV caches of both models).
 
-``GET /slots`` answers one object per worker: llama-server's ``id``, ``n_ctx``, ``speculative``,
-``is_processing``, and for a worker that has run a request its ``id_task``, ``n_prompt_tokens``,
-``n_prompt_tokens_processed``, ``n_prompt_tokens_cache`` and ``next_token``; ``specdec`` says how many tokens
+``GET /slots`` (unless the server runs with ``--no-slots``: 501) answers one object per worker: llama-server's
+``id``, ``n_ctx``, ``speculative``, ``is_processing``, and for a worker that has run a request its ``id_task``,
+``n_prompt_tokens``, ``n_prompt_tokens_processed``, ``n_prompt_tokens_cache`` and ``next_token``; ``specdec`` says how many tokens
 each model's cache holds. ``?fail_on_no_slot=1`` answers 503 when every worker is busy.
 
 A slot action runs as a job pinned to that worker (serving/pool.py), so it never races a generation: on a busy
@@ -72,6 +72,9 @@ class Slots:
         self.engine, self.server = engine, server
 
     async def list(self, request: Request):
+        if not self.server.slots_endpoint:
+            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`",
+                           kind="not_supported_error")
         pool = self.engine.pool
         states = pool.worker_states()
         slots = [slot_state(index, pool.decoders[index], busy, job) for index, (busy, job) in enumerate(states)]

@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.request import GenerationStats
-from specdec.serving.answers import logprob_entry, specdec_fields
+from specdec.serving.answers import logprob_entry, specdec_fields, timings
 from specdec.serving.chat_run import Conversation, render, start_chat
 from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from specdec.serving.jobs import Done, Engine, Piece
@@ -251,14 +251,15 @@ class Chat:
                 called = bool(output.calls)
                 final = chunk({}, "tool_calls" if called and done.finish != "length" else finish_reason(done))
                 final["specdec"] = specdec_fields(done)
+                final["timings"] = timings(done)  # llama-server's, on its last chunks
                 lines.append(sse(final))
                 if include_usage(body):
                     lines.append(sse({**chunk({}, None), "choices": [], "usage": usage(done.stats),
-                                      "specdec": specdec_fields(done)}))
+                                      "timings": timings(done), "specdec": specdec_fields(done)}))
                 return lines + ["data: [DONE]\n\n"]
 
             async def events():
-                yield sse(chunk({"role": "assistant", "content": ""}, None))
+                yield sse(chunk({"role": "assistant", "content": None}, None))  # null, as llama-server sends it
                 async for line in engine.events(job, first, piece_lines, last, error_lines):
                     yield line
 
@@ -284,8 +285,17 @@ class Chat:
         choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice) else body.tool_choice
         constraint = body_constraint(body, names)
         text_format = names.get("constraint") == "response_format"  # set aside when a call is required
+        if body.continue_final_message and body.add_generation_prompt:
+            raise APIError(400, "continue_final_message: cannot be true together with add_generation_prompt (the "
+                                "answer either continues the final message or starts a new one)",
+                           param="continue_final_message")
+        add_header = body.add_generation_prompt is not False
+        continue_final = body.continue_final_message
+        if continue_final is None and body.add_generation_prompt is not None:
+            continue_final = False  # an explicit add_generation_prompt says how the prompt ends
         return Conversation([plain_message(m) for m in body.messages], tools, choice, body.parallel_tool_calls,
-                            None if text_format else constraint, constraint if text_format else None)
+                            None if text_format else constraint, constraint if text_format else None,
+                            continue_final=continue_final, add_generation_prompt=add_header)
 
     async def template(self, body: ChatCompletionRequest):
         """llama-server's ``POST /apply-template``: the prompt the bundle's chat template makes of the body."""

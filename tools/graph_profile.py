@@ -1,7 +1,8 @@
 """Profile a bundle's graphs: node counts by op type, per-op-type time of a decode and a T=5 pass, and the
 cost of one pass at two context lengths (does a pass's cost grow with the context?).
 
-    python tools/graph_profile.py BUNDLE [--role target] [--contexts 256,1500] [--repeats 20] [--threads N]
+    python tools/graph_profile.py BUNDLE [--role target] [--weight-form nbits|int8] [--contexts 256,1500]
+        [--repeats 20] [--threads N]
 
 Works on both graph forms (standard and fused) through the runtime's own runner (make_runner).
 Times are wall-clock on this machine: compare ratios between forms measured the same way, not
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
     parser.add_argument("--contexts", default="256,1500", help="two or more context lengths for the per-pass cost")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--weight-form", default=None, help="which of the model's weight forms (default: the first)")
     args = parser.parse_args(argv)
     try:
         from specdec.runners.fused import make_runner
@@ -120,13 +122,17 @@ def main(argv=None) -> int:
         contexts = [int(c) for c in args.contexts.split(",")]
         if max(contexts) + 5 > spec.max_positions or min(contexts) < 1:
             raise ValueError(f"--contexts must be in 1..{spec.max_positions - 5} for this model")
+        forms = dict(spec.weight_forms) or {None: spec.onnx_file}
+        if args.weight_form is not None and args.weight_form not in forms:
+            raise ValueError(f"--weight-form: the {args.role} has {', '.join(map(str, forms))}")
     except (ValueError, OSError) as exc:
         print(f"graph_profile: error: {exc}", file=sys.stderr)
         return 2
-    onnx_path = args.bundle / spec.onnx_file
+    onnx_path = args.bundle / (forms[args.weight_form] if args.weight_form else spec.onnx_file)
     rng = np.random.default_rng(0)
     raw, optimized = node_counts(onnx_path, session_options(args.threads))
-    print(f"{args.role}: {spec.architecture}, {spec.graph} graph, quant {spec.quant}, {spec.num_layers} layers")
+    print(f"{args.role}: {spec.architecture}, {spec.graph} graph, quant {spec.quant}, {spec.num_layers} layers, "
+          f"weight form {args.weight_form or next(iter(forms))}")
     print(f"nodes in the file: {sum(raw.values())}; after onnxruntime's load-time fusions: {sum(optimized.values())}")
     print("  file:     " + ", ".join(f"{op} {n}" for op, n in raw.most_common()))
     print("  optimized: " + ", ".join(f"{op} {n}" for op, n in optimized.most_common()))

@@ -31,7 +31,7 @@ def single_pair(tiny_pair_dirs, tmp_path_factory):
 
 
 def _runner(bundle, role="target", max_context=512, steps=64):
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
 
     spec = getattr(Manifest.read(bundle), role)
     return make_runner(str(bundle / spec.onnx_file), spec, "cpu", max_context, steps)
@@ -60,10 +60,10 @@ def test_a_rows_logits_do_not_depend_on_the_cache_rows_bound(tiny_bundle, monkey
         monkeypatch.setattr(folded, "CHUNK", chunk)
         runner = _filled(tiny_bundle, 300)
         if planted:
-            monkeypatch.setattr(folded, "_BLOCKED", np.float32(0.0))  # also opens the columns past the total
+            monkeypatch.setattr(folded, "BLOCKED", np.float32(0.0))  # also opens the columns past the total
         logits[chunk] = runner.forward([5, 6, 7], range(300, 303)).copy()
         assert runner._bound_views == -(-303 // chunk) * chunk
-        monkeypatch.setattr(folded, "_BLOCKED", np.finfo(np.float32).min)
+        monkeypatch.setattr(folded, "BLOCKED", np.finfo(np.float32).min)
     assert np.array_equal(logits[256], logits[16]) != planted
 
 

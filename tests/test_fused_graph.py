@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 
 from specdec.export.bundle import ExportOptions, export_bundle  # noqa: E402
-from specdec.runners.fused import FusedRunner, make_runner  # noqa: E402
+from specdec.runners.factory import make_runner  # noqa: E402
+from specdec.runners.fused import FusedRunner
 from specdec.contract.manifest import BundleError, Manifest  # noqa: E402
 from specdec.runners.standard import ModelRunner  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402

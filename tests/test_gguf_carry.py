@@ -11,7 +11,7 @@ gguf = pytest.importorskip("gguf")
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from specdec.export import gguf_blocks, gguf_carry  # noqa: E402
+from specdec.export import gguf_blocks, gguf_carry, nbits  # noqa: E402
 
 K, VOCAB = 512, 48
 BYTES = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34}
@@ -183,7 +183,7 @@ def test_planted_bug_dropping_the_q4k_minimum_fails(pair, monkeypatch):
         rows = 2 * (-(-correction.shape[1] // 32) * 32)
         return np.full((correction.shape[0], rows), 8, np.uint8), np.ones((correction.shape[0], rows // 32), np.float32)
 
-    monkeypatch.setattr(gguf_carry, "_correction_rows", no_corrections)
+    monkeypatch.setattr(nbits, "correction_rows", no_corrections)  # where pack_grid reads it
     _, _, errors = _carried_error(pair)
     assert max(errors) > 1.5e-2, errors
 

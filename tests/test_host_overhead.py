@@ -89,7 +89,8 @@ def test_pass_binds_the_cache_in_place_and_writes_only_the_new_rows(long_decoder
 def _fused_runner(bundle_per_form):
     """The default runner (make_runner on a fused bundle): a 2,048-slot FusedRunner with a real onnxruntime session."""
     from specdec.contract.manifest import Manifest
-    from specdec.runners.fused import FusedRunner, make_runner
+    from specdec.runners.factory import make_runner
+    from specdec.runners.fused import FusedRunner
 
     bundle, _ = bundle_per_form("llama", "fused")
     spec = Manifest.read(bundle).target

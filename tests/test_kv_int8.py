@@ -80,7 +80,7 @@ def _smoothing(bundle, role="target"):
 
 
 def _runner(bundle, role="target", max_context=256):
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
 
     spec = getattr(Manifest.read(bundle), role)
     return make_runner(str(bundle / spec.onnx_file), spec, "cpu", max_context, 64)

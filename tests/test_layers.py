@@ -100,3 +100,76 @@ def test_every_package_has_a_layer_and_nothing_imports_the_root_package():
                  for line, name in imported_names(path) if name == "specdec" or name.startswith("specdec.") and
                  name.split(".")[1] not in LAYERS and not (SRC / name.split(".")[1]).with_suffix(".py").exists()]
     assert not offenders, offenders
+
+
+def import_graph(root: Path = SRC) -> dict:
+    """module -> the specdec modules it imports (at any depth; ``from package import name`` counts as the
+    package unless ``package.name`` is a module)."""
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph = {}
+    for module, path in modules.items():
+        found = set()
+        for _, name in imported_names(path, root):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+        graph[module] = found
+    return graph
+
+
+def import_cycles(graph: dict) -> list:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """No import circle, not even one hidden behind an import inside a function (such a pair is one module split
+    in two, or a shared piece that belongs lower)."""
+    assert import_cycles(import_graph()) == []
+
+
+def test_the_cycle_check_finds_a_hidden_circle(tmp_path):
+    """Planted: a module importing its importer inside a function."""
+    package = tmp_path / "specdec" / "runners"
+    package.mkdir(parents=True)
+    (tmp_path / "specdec" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "fused.py").write_text("def make():\n    from specdec.runners.folded import Folded\n")
+    (package / "folded.py").write_text("from specdec.runners.fused import make\n")
+    (package / "other.py").write_text("from specdec.runners import fused\n")
+    cycles = import_cycles(import_graph(tmp_path / "specdec"))
+    assert cycles == [["specdec.runners.folded", "specdec.runners.fused"]]

@@ -131,7 +131,7 @@ def _direct(bundle, role, context):
     from tokenizers import Tokenizer
 
     from specdec.contract.manifest import Manifest
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
 
     manifest = Manifest.read(bundle)
     spec = manifest.models()[role]

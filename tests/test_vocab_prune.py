@@ -123,7 +123,7 @@ def test_pruned_bundle_records_and_hashes_the_subset(pruned_bundle):
 def test_pruned_logits_equal_the_full_drafts_on_the_kept_ids(pruned_bundle):
     """Same inputs through the runtime's runner for the form, a 5-token pass after a 3-token past: the pruned
     draft's logits == the full draft's on the kept ids (float32 bundle, exact up to rounding), -inf elsewhere."""
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
 
     out, manifest, source = pruned_bundle
     kept = load_kept_ids(out, manifest.draft)

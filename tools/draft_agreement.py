@@ -21,7 +21,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from specdec.contract.bundle import inside, open_bundle
-from specdec.runners.fused import make_runner
+from specdec.runners.factory import make_runner
 
 SEGMENT = 128  # tokens per pass
 

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     parser.add_argument("--weight-form", default=None, help="which of the model's weight forms (default: the first)")
     args = parser.parse_args(argv)
     try:
-        from specdec.runners.fused import make_runner
+        from specdec.runners.factory import make_runner
         from specdec.contract.manifest import Manifest
         from specdec.runners.standard import session_options
 

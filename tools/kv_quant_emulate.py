@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from specdec.bench.perplexity import perplexity_of, tokenize_like_llama
 from specdec.contract.bundle import inside, open_bundle
 from specdec.runners import kv_int8
-from specdec.runners.fused import make_runner
+from specdec.runners.factory import make_runner
 
 
 def read_back(rows: np.ndarray, block: int) -> np.ndarray:

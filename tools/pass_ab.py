@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.contract.bundle import inside, open_bundle
-from specdec.runners.fused import make_runner
+from specdec.runners.factory import make_runner
 
 
 CHUNK = 256  # prefill rows per pass while growing the cache

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from specdec.contract.bundle import inside, open_bundle
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
 
     chunks = [int(c) for c in args.chunks.split(",")]
     root = Path(args.bundle)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from specdec.contract.bundle import inside, open_bundle
-from specdec.runners.fused import make_runner
+from specdec.runners.factory import make_runner
 from specdec.runners.row_parity import row_gaps
 
 

@@ -160,7 +160,7 @@ def evaluate_bundle(bundle_dir: str | Path, text: str, roles=ROLES, context: int
     several weight forms gives one result per form (``target``, ``target-int8``). Every problem (bundle, options, a text too short) is a one-line ValueError before a model loads."""
     from tokenizers import Tokenizer
 
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
     from specdec.runners.vocab_map import load_kept_ids
 
     check_eval_args(context, chunks, segment)

@@ -35,7 +35,7 @@ from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, ca
                                                 load_row_checks, machine_key, save_costs, save_row_checks)
 from specdec.decoding.forms import choose_form
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
-from specdec.runners.fused import make_runner
+from specdec.runners.factory import backend_for, make_runner
 from specdec.runners.standard import DEFERRED
 from specdec.decoding.prompt_cache import PromptCache
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK
@@ -45,8 +45,6 @@ from specdec.decoding.request import GenerationResult, GenerationStats, Limits, 
 from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
-import specdec.runners.tensorrt  # noqa: F401  registers the "tensorrt-native" backend (imports nothing GPU-side)
-from specdec.runners.runner import RUNNER_BACKENDS
 from specdec.decoding.text import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
 from specdec.runners.resident import release_after_load, trim_heap
@@ -150,8 +148,9 @@ class SpeculativeDecoder:
                        max_context, caches=kv_caches)
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         form = None  # the target's weight form, when the bundle carries several
-        if provider in RUNNER_BACKENDS:
-            runners = RUNNER_BACKENDS[provider](root, manifest, max_context)
+        backend = backend_for(provider)
+        if backend is not None:  # a backend that builds the bundle's runners itself (TensorRT's engines)
+            runners = backend(root, manifest, max_context)
         else:
             # the target's session now (the tokenizer meanwhile), the draft's on a thread of its own once the target's
             # is made: load returns (a server answers /health) while the draft's weights are still being packed, and

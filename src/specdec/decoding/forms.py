@@ -26,7 +26,7 @@ from specdec.contract.bundle import inside
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, load_check, machine_key,
                                                 other_cores_of, save_check)
 from specdec.decoding.cost_model import fill_context, time_passes
-from specdec.runners.fused import make_runner
+from specdec.runners.factory import make_runner
 from specdec.runners.resident import trim_heap
 
 log = logging.getLogger(__name__)

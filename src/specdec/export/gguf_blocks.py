@@ -114,3 +114,64 @@ def _q6_k(data: np.ndarray, rows: int) -> Grid:
     q = np.clip(np.rint(flat / scale[:, None]), -127, 127).astype(np.int16) + 128
     return Grid(8, q.astype(np.uint8).reshape(rows, -1), scale.reshape(rows, -1),
                 np.full((rows, flat.shape[0] // rows), 128, np.uint8), None, float(exact.mean()))
+
+
+def concat_grids(grids: list[Grid]) -> Grid:
+    """Grids side by side (rows: output columns); a grid without corrections gets zeros if another has them."""
+    def cat(name):
+        parts = [getattr(g, name) for g in grids]
+        return np.concatenate(parts, axis=0)
+
+    corrections = None
+    if any(g.correction is not None for g in grids):
+        corrections = np.concatenate([g.correction if g.correction is not None else np.zeros_like(g.scale)
+                                      for g in grids], axis=0)
+    return Grid(grids[0].bits, cat("q"), cat("scale"), cat("zero"), corrections)
+
+
+def join_runs(grids: list[tuple[str, Grid]]) -> list[tuple[Grid, list]]:
+    """Consecutive (GGUF type, grid) pairs of the same width, joined: [(grid, [GGUF types])]."""
+    runs = []
+    for kind, grid in grids:
+        shape = grid.bits
+        if runs and runs[-1][0] == shape:
+            runs[-1][1].append(grid)
+            runs[-1][2].append(kind)
+        else:
+            runs.append((shape, [grid], [kind]))
+    return [(concat_grids(parts) if len(parts) > 1 else parts[0], kinds) for _, parts, kinds in runs]
+
+
+def pack_bits(q: np.ndarray, bits: int) -> np.ndarray:
+    """[N, K'] integers -> MatMulNBits data [N, blocks, 32 * bits / 8] uint8 (4-bit: low nibble first)."""
+    n, k = q.shape
+    blocks = -(-k // BLOCK)
+    padded = np.zeros((n, blocks * BLOCK), np.uint8)
+    padded[:, :k] = q
+    if bits == 4:
+        padded = padded[:, 0::2] | (padded[:, 1::2] << 4)
+    return padded.reshape(n, blocks, -1)
+
+
+def pack_zero_points(zero: np.ndarray, bits: int) -> np.ndarray:
+    if bits == 8:
+        return zero
+    if zero.shape[1] % 2:
+        zero = np.concatenate([zero, np.zeros((zero.shape[0], 1), np.uint8)], axis=1)
+    return zero[:, 0::2] | (zero[:, 1::2] << 4)
+
+
+def correction_rows(correction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The corrections ([N, C] float32, one per block of 32 weights) as two 4-bit rows each, zero point 8:
+    (q [N, 2 * Cp] high nibbles then low nibbles, scales [N, 2 * Cp / 32]), Cp = C padded to whole blocks.
+    correction = s * (16 * (hi - 8) + (lo - 8)) = s * v, v = rint(correction / s) in -119..119, s per 32."""
+    n, count = correction.shape
+    blocks = -(-count // BLOCK)
+    padded = np.zeros((n, blocks, BLOCK), np.float32)
+    padded.reshape(n, -1)[:, :count] = correction
+    step = np.abs(padded).max(axis=-1) / 119.0  # [N, blocks]
+    step[step == 0] = 1.0
+    value = np.clip(np.rint(padded / step[..., None]), -119, 119).astype(np.int16) + 136  # 17..255 = 16 hi + lo
+    high, low = (value // 16).astype(np.uint8), (value % 16).astype(np.uint8)
+    q = np.concatenate([high.reshape(n, -1), low.reshape(n, -1)], axis=1)
+    return q, np.concatenate([16 * step, step], axis=1).astype(np.float32)

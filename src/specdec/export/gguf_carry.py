@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.export.gguf_blocks import BLOCK, KINDS, Grid, grid_of
+from specdec.export.gguf_blocks import BLOCK, KINDS, Grid, grid_of, join_runs, pack_bits, pack_zero_points
+from specdec.export.nbits import pack_grid
 
 log = logging.getLogger(__name__)
 
@@ -108,73 +109,10 @@ def match_columns(weight: np.ndarray, tensors: GGUFTensors) -> list | None:
     return segments
 
 
-def _concat(grids: list[Grid]) -> Grid:
-    """Grids side by side (rows: output columns); a grid without corrections gets zeros if another has them."""
-    def cat(name):
-        parts = [getattr(g, name) for g in grids]
-        return np.concatenate(parts, axis=0)
-
-    corrections = None
-    if any(g.correction is not None for g in grids):
-        corrections = np.concatenate([g.correction if g.correction is not None else np.zeros_like(g.scale)
-                                      for g in grids], axis=0)
-    return Grid(grids[0].bits, cat("q"), cat("scale"), cat("zero"), corrections)
-
-
-def _runs(grids: list[tuple[str, Grid]]) -> list[tuple[Grid, list]]:
-    """Consecutive (GGUF type, grid) pairs of the same width, joined: [(grid, [GGUF types])]."""
-    runs = []
-    for kind, grid in grids:
-        shape = grid.bits
-        if runs and runs[-1][0] == shape:
-            runs[-1][1].append(grid)
-            runs[-1][2].append(kind)
-        else:
-            runs.append((shape, [grid], [kind]))
-    return [(_concat(parts) if len(parts) > 1 else parts[0], kinds) for _, parts, kinds in runs]
-
-
-def _pack(q: np.ndarray, bits: int) -> np.ndarray:
-    """[N, K'] integers -> MatMulNBits data [N, blocks, 32 * bits / 8] uint8 (4-bit: low nibble first)."""
-    n, k = q.shape
-    blocks = -(-k // BLOCK)
-    padded = np.zeros((n, blocks * BLOCK), np.uint8)
-    padded[:, :k] = q
-    if bits == 4:
-        padded = padded[:, 0::2] | (padded[:, 1::2] << 4)
-    return padded.reshape(n, blocks, -1)
-
-
-def _pack_zero(zero: np.ndarray, bits: int) -> np.ndarray:
-    if bits == 8:
-        return zero
-    if zero.shape[1] % 2:
-        zero = np.concatenate([zero, np.zeros((zero.shape[0], 1), np.uint8)], axis=1)
-    return zero[:, 0::2] | (zero[:, 1::2] << 4)
-
-
-def _correction_rows(correction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The corrections ([N, C] float32, one per block of 32 weights) as two 4-bit rows each, zero point 8:
-    (q [N, 2 * Cp] high nibbles then low nibbles, scales [N, 2 * Cp / 32]), Cp = C padded to whole blocks.
-    correction = s * (16 * (hi - 8) + (lo - 8)) = s * v, v = rint(correction / s) in -119..119, s per 32."""
-    n, count = correction.shape
-    blocks = -(-count // BLOCK)
-    padded = np.zeros((n, blocks, BLOCK), np.float32)
-    padded.reshape(n, -1)[:, :count] = correction
-    step = np.abs(padded).max(axis=-1) / 119.0  # [N, blocks]
-    step[step == 0] = 1.0
-    value = np.clip(np.rint(padded / step[..., None]), -119, 119).astype(np.int16) + 136  # 17..255 = 16 hi + lo
-    high, low = (value // 16).astype(np.uint8), (value % 16).astype(np.uint8)
-    q = np.concatenate([high.reshape(n, -1), low.reshape(n, -1)], axis=1)
-    return q, np.concatenate([16 * step, step], axis=1).astype(np.float32)
-
-
 def matmul_initializers(grid: Grid, prefix: str) -> tuple[int, list]:
     """(K' rows, [data, scales] TensorProtos) of one MatMulNBits holding ``grid`` (default zero points); with a
-    correction K' = K + 2 * Cp (``_correction_rows``: the rows the doubled, padded block sums feed)."""
+    correction K' = K + 2 * Cp (``gguf_blocks.correction_rows``: the rows the doubled, padded block sums feed)."""
     from onnx import numpy_helper
-
-    from specdec.export.nbits import pack_grid
 
     packed = pack_grid(grid)
     return packed.k, [numpy_helper.from_array(packed.data, f"{prefix}_data"),
@@ -250,11 +188,11 @@ class _Builder:
 
         table, ids, out = node.input[0], node.input[1], node.output[0]
         vocab, hidden = grid.q.shape
-        data = _pack(grid.q, grid.bits).reshape(vocab, -1)
+        data = pack_bits(grid.q, grid.bits).reshape(vocab, -1)
         tensors = [numpy_helper.from_array(data, f"{table}_carried_data"),
                    numpy_helper.from_array(grid.scale.astype(np.float32), f"{table}_carried_scales")]
         if grid.bits == 4:  # 8-bit grids use GatherBlockQuantized's default zero point, 128
-            tensors.append(numpy_helper.from_array(_pack_zero(grid.zero, 4), f"{table}_carried_zero_points"))
+            tensors.append(numpy_helper.from_array(pack_zero_points(grid.zero, 4), f"{table}_carried_zero_points"))
         self.new_initializers += tensors
         gathered = out if grid.correction is None else f"{out}_embed_grid"
         nodes = [helper.make_node("GatherBlockQuantized", [tensors[0].name, ids, tensors[1].name]
@@ -326,7 +264,7 @@ def carry_gguf_weights(model, gguf_path: Path, accuracy_level: int | None, narro
             count = exact.setdefault(kind, [0.0, 0])
             count[0] += grid.exact_blocks * grid.scale.size  # a rounded grid holds none exactly
             count[1] += grid.scale.size
-        runs = _runs(grids)
+        runs = join_runs(grids)
         replaced[node.name] = builder.matmul(node, runs) if is_matmul else builder.gather(node, runs[0][0])
         del values
         uses[weight.name] -= 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.export.gguf_blocks import BLOCK, Grid
+from specdec.export.gguf_blocks import BLOCK, Grid, correction_rows, pack_bits, pack_zero_points
 
 
 @dataclass
@@ -69,16 +69,15 @@ def pack_table(table: np.ndarray, block: int) -> Packed:
 
 def pack_grid(grid: Grid) -> Packed:
     """A Grid (block 32, default zero points) as MatMulNBits data; a correction becomes extra rows."""
-    from specdec.export.gguf_carry import _correction_rows, _pack
 
     default = 8 if grid.bits == 4 else 128
     if not np.all(grid.zero == default):
         raise ValueError(f"a {grid.bits}-bit grid must use the default zero point {default}")
     q, scale = grid.q, grid.scale
     if grid.correction is not None:
-        cq, cscale = _correction_rows(grid.correction)
+        cq, cscale = correction_rows(grid.correction)
         q, scale = np.concatenate([q, cq], axis=1), np.concatenate([scale, cscale], axis=1)
-    return Packed(grid.bits, BLOCK, _pack(q, grid.bits), scale.astype(np.float32), None, q.shape[1],
+    return Packed(grid.bits, BLOCK, pack_bits(q, grid.bits), scale.astype(np.float32), None, q.shape[1],
                   grid.correction is not None)
 
 
@@ -150,13 +149,12 @@ def gather_quantized(sink, table, ids: str, name: str, out: str, hidden: int) ->
 
 
 def _gather_grid(sink, grid: Grid, ids: str, name: str, out: str) -> str:
-    from specdec.export.gguf_carry import _pack, _pack_zero
 
     vocab, hidden = grid.q.shape
-    data = sink.initializer(f"{name}.weight_q{grid.bits}", _pack(grid.q, grid.bits).reshape(vocab, -1))
+    data = sink.initializer(f"{name}.weight_q{grid.bits}", pack_bits(grid.q, grid.bits).reshape(vocab, -1))
     inputs = [data, ids, sink.initializer(f"{name}.scales", grid.scale.astype(np.float32))]
     if grid.bits == 4:  # 8-bit grids use GatherBlockQuantized's default zero point, 128
-        inputs.append(sink.initializer(f"{name}.zero_points", _pack_zero(grid.zero, 4)))
+        inputs.append(sink.initializer(f"{name}.zero_points", pack_zero_points(grid.zero, 4)))
     gathered = out if grid.correction is None else f"{out}/grid"
     sink.node("GatherBlockQuantized", inputs, [gathered], name=f"{name}/GatherBlockQuantized",
               domain="com.microsoft", bits=grid.bits, block_size=BLOCK, gather_axis=0, quantize_axis=1)

@@ -76,7 +76,7 @@ class OnnxRunner:
 
     def _run_fused(self, tokens, positions, past, parents, past_positions):
         """The fused form through the runtime's own FusedRunner (the shared, in-place KV buffer it binds)."""
-        from specdec.runners.fused import make_runner
+        from specdec.runners.factory import make_runner
 
         past_len, count = past[0][0].shape[0], len(tokens)
         runner = make_runner("", self.spec, "cpu", past_len + count, count, session=self.session)

@@ -304,7 +304,7 @@ def prune_bundle(bundle: str | Path, k: int, out: str | Path, corpus_dir: str | 
 def _compare(full_onnx: Path, pruned_onnx: Path, spec, pruned_spec, kept: np.ndarray) -> float:
     """Max |full[..., kept] - pruned| over a 4-token pass from an empty cache, each graph through the runtime's
     runner for its form (so the check feeds exactly the manifest's contract)."""
-    from specdec.runners.fused import make_runner
+    from specdec.runners.factory import make_runner
 
     tokens = kept[:4]
     logits = []

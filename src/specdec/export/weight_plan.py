@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specdec.export.gguf_blocks import join_runs
 from specdec.export.nbits import Packed, pack_float, pack_grid, pack_table
 
 STREAMED_METHODS = ("rtn", "rtn-asym", "k-quant", "gguf", "gguf-int4")
@@ -160,10 +161,8 @@ class WeightQuantizer:
 
     @staticmethod
     def _runs(grids: list) -> list:
-        """Grids side by side: one Packed per run of equal width (gguf_carry's runs)."""
-        from specdec.export.gguf_carry import _runs
-
-        return [pack_grid(grid) for grid, _ in _runs([(kind, grid) for grid, kind in grids])]
+        """Grids side by side: one Packed per run of equal width (gguf_blocks.join_runs)."""
+        return [pack_grid(grid) for grid, _ in join_runs([(kind, grid) for grid, kind in grids])]
 
 
 def _first_rows(grid, rows: int):

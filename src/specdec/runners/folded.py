@@ -18,9 +18,9 @@ import numpy as np
 
 from specdec.contract.manifest import LOGIT_ROWS, PAST_LENGTH, BundleError, ModelSpec
 from specdec.runners import kv_int8
-from specdec.runners.fused import _BLOCKED, FusedRunner, check_fused_provider
+from specdec.runners.fused import BLOCKED, FusedRunner, check_fused_provider
 from specdec.runners.kv_store import cache_zeros
-from specdec.runners.standard import _bind, attach_session
+from specdec.runners.standard import bind_array, attach_session
 
 CHUNK = 256  # cache rows bound per step of the views: at most CHUNK - 1 blocked columns per pass
 _KV_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
@@ -60,7 +60,7 @@ class FoldedRunner(FusedRunner):
 
     def _new_binding(self, session):
         binding = session.io_binding()
-        _bind(binding.bind_input, PAST_LENGTH, self._past)
+        bind_array(binding.bind_input, PAST_LENGTH, self._past)
         self._bound_rows = None
         self._bound_views = 0
         return binding
@@ -139,17 +139,17 @@ class FoldedRunner(FusedRunner):
             if allowed is None:
                 continue
             bias = buffer[: count * rows].reshape(1, 1, count, rows)
-            bias.fill(_BLOCKED)  # then 0 where allowed: no temporaries (a strided cast would allocate per pass)
+            bias.fill(BLOCKED)  # then 0 where allowed: no temporaries (a strided cast would allocate per pass)
             np.copyto(bias[0, 0, :, :total], np.float32(0.0), where=allowed)
-            _bind(binding.bind_input, name, bias)
+            bind_array(binding.bind_input, name, bias)
         vocab = self.logits_width
         out_rows = 1 if last_only else count
         logits = self._logits[: out_rows * vocab].reshape(1, out_rows, vocab)
         rows_range = (count - 1, count) if last_only else (0, count)
         if rows_range != self._bound_rows:  # a binding stays until replaced
-            _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])
+            bind_array(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])
             self._bound_rows = rows_range
-        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
-        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
-        _bind(binding.bind_output, "logits", logits)
+        bind_array(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        bind_array(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
+        bind_array(binding.bind_output, "logits", logits)
         self.session.run_with_iobinding(binding)

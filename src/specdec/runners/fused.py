@@ -10,7 +10,7 @@ the small per-pass inputs (ids, positions, bias, lengths).
 ``commit``/``truncate`` move ``length`` (rollback is a smaller length: rejected rows are
 overwritten by the next pass); ``keep_path`` compacts a tree's accepted path (``_move_kv``).
 
-``make_runner`` picks this runner for fused-form bundles and ``ModelRunner`` otherwise.
+``runners/factory.py`` picks this runner for fused-form bundles without folded attention.
 """
 
 from __future__ import annotations
@@ -19,25 +19,12 @@ import numpy as np
 
 from specdec.contract.manifest import LOGIT_ROWS, BundleError, ModelSpec
 from specdec.runners.kv_store import cache_zeros
-from specdec.runners.standard import ModelRunner, _bind, attach_session, providers_for
+from specdec.runners.standard import attach_session, bind_array, providers_for
 from specdec.runners.sessions import SessionRunner
 from specdec.runners.runner import Runner
 
 # The additive bias where the boolean mask says "may not attend" (Hugging Face's masked value).
-_BLOCKED = np.finfo(np.float32).min
-
-
-def make_runner(onnx_path: str, spec: ModelSpec, provider: str, max_context: int, max_step_tokens: int,
-                threads: int | None = None, kept_ids=None, session=None):
-    """The runner for ``spec``'s graph form: FoldedRunner (runners/folded.py) or FusedRunner for "fused",
-    ModelRunner for "standard". ``kept_ids``: a pruned draft's vocabulary (runners/vocab_map.py)."""
-    if spec.graph == "fused" and spec.attention == "folded":
-        from specdec.runners.folded import FoldedRunner
-
-        runner = FoldedRunner
-    else:
-        runner = FusedRunner if spec.graph == "fused" else ModelRunner
-    return runner(onnx_path, spec, provider, max_context, max_step_tokens, threads, session=session, kept_ids=kept_ids)
+BLOCKED = np.finfo(np.float32).min
 
 
 def check_fused_provider(spec: ModelSpec, provider: str) -> None:
@@ -100,8 +87,8 @@ class FusedRunner(SessionRunner, Runner):
                 block = self.cache[layer, kind]
                 binding.bind_input(past, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
                 binding.bind_output(present, "cpu", 0, np.float32, cache_shape, block.ctypes.data)
-        _bind(binding.bind_input, "seqlens_k", self._seqlens)
-        _bind(binding.bind_input, "total_sequence_length", self._total)
+        bind_array(binding.bind_input, "seqlens_k", self._seqlens)
+        bind_array(binding.bind_input, "total_sequence_length", self._total)
         self._bound_rows = None
         return binding
 
@@ -136,7 +123,7 @@ class FusedRunner(SessionRunner, Runner):
         self._ids[:count] = ids
         self._positions[:count] = positions
         bias = self._bias[: count * total].reshape(1, 1, count, total)
-        np.multiply(~mask, _BLOCKED, out=bias[0, 0])
+        np.multiply(~mask, BLOCKED, out=bias[0, 0])
         self._seqlens[0] = total - 1
         self._total[...] = total
         vocab = self.logits_width
@@ -145,16 +132,16 @@ class FusedRunner(SessionRunner, Runner):
         binding = self._live_binding()
         rows_range = (count - 1, count) if last_only else (0, count)
         if self._logit_rows is not None and rows_range != self._bound_rows:  # a binding stays until replaced
-            _bind(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])
+            bind_array(binding.bind_input, LOGIT_ROWS, self._logit_rows[rows_range[0] : rows_range[1]])
             self._bound_rows = rows_range
-        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
-        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
-        _bind(binding.bind_input, "attention_bias", bias)
+        bind_array(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        bind_array(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
+        bind_array(binding.bind_input, "attention_bias", bias)
         if sliding is not None:
             sliding_bias = self._sliding_bias[: count * total].reshape(1, 1, count, total)
-            np.multiply(~sliding, _BLOCKED, out=sliding_bias[0, 0])
-            _bind(binding.bind_input, "sliding_attention_bias", sliding_bias)
-        _bind(binding.bind_output, "logits", logits)
+            np.multiply(~sliding, BLOCKED, out=sliding_bias[0, 0])
+            bind_array(binding.bind_input, "sliding_attention_bias", sliding_bias)
+        bind_array(binding.bind_output, "logits", logits)
         self.session.run_with_iobinding(binding)
 
     def _move_kv(self, sources, first_slot: int) -> None:

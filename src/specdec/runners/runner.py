@@ -29,12 +29,6 @@ from specdec.runners.masks import ancestor_matrix, chain_parents, fill_masks
 from specdec.runners.vocab_map import expand_logits_into
 
 
-# Backends outside the runtime register here (``specdec.runners.tensorrt`` registers "tensorrt-native" when the
-# package is imported): provider name -> factory(bundle_root, manifest, max_context) -> {role: Runner}.
-# The runtime never imports the engines package: this table is the only link.
-RUNNER_BACKENDS: dict = {}
-
-
 class Runner:
     """Base of every backend's runner. Subclasses set up the session and cache, then call ``_init_book``."""
 

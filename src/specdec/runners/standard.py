@@ -157,12 +157,12 @@ class ModelRunner(SessionRunner, Runner):
         binding = self._live_binding()
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        _bind(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
-        _bind(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
-        _bind(binding.bind_input, "attention_mask", mask.reshape(1, count, total))
+        bind_array(binding.bind_input, "input_ids", self._ids[:count].reshape(1, count))
+        bind_array(binding.bind_input, "position_ids", self._positions[:count].reshape(1, count))
+        bind_array(binding.bind_input, "attention_mask", mask.reshape(1, count, total))
         if sliding is not None:
-            _bind(binding.bind_input, "sliding_attention_mask", sliding.reshape(1, count, total))
-        _bind(binding.bind_output, "logits", logits)
+            bind_array(binding.bind_input, "sliding_attention_mask", sliding.reshape(1, count, total))
+        bind_array(binding.bind_output, "logits", logits)
         kv, device, dtype = self.kv, self.kv.device_type, self.kv_dtype
         past_shape = [1, past, spec.num_kv_heads, spec.head_dim]
         new_shape = [1, count, spec.num_kv_heads, spec.head_dim]
@@ -210,7 +210,7 @@ def attach_session(runner, onnx_path: str, provider: str, threads: int | None, s
     runner.sessions.attach(runner)
 
 
-def _bind(bind, name: str, array: np.ndarray) -> None:
+def bind_array(bind, name: str, array: np.ndarray) -> None:
     """Bind a contiguous numpy view by pointer: onnxruntime reads or writes it in place.
 
     An explicit check, not an ``assert`` (``python -O`` strips those): a strided view bound by pointer

@@ -6,7 +6,4 @@ The GPU paths import ``tensorrt`` and ``cuda`` (cuda-python) lazily and only run
 that has them (``tools/gpu_check.py``).
 """
 
-from specdec.runners.runner import RUNNER_BACKENDS
-from specdec.runners.tensorrt.runner import tensorrt_runners
-
-RUNNER_BACKENDS["tensorrt-native"] = tensorrt_runners  # SpeculativeDecoder.load(provider="tensorrt-native")
+from specdec.runners.tensorrt.runner import tensorrt_runners  # noqa: F401  (runners/factory.py's "tensorrt-native")

@@ -18,7 +18,7 @@ pytest.importorskip("llguidance")
 from specdec import Constraint, GenerationError, SamplingConfig  # noqa: E402
 from specdec.decoding.constraint import ConstraintError, GrammarGuide  # noqa: E402
 
-from specdec.decoding.suffix import SuffixCache  # noqa: E402
+from specdec.decoding.suffix_store import SuffixCache  # noqa: E402
 from scripted import scripted_decoder  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.decoding.cost_model import Costs
-from specdec.decoding.suffix import (MAX_SUFFIX_NODES, MIN_PATH_PROB, SEPARATOR, Calibration, RequestSuffix,
+from specdec.decoding.suffix_store import (MAX_SUFFIX_NODES, MIN_PATH_PROB, SEPARATOR, Calibration, RequestSuffix,
                                      SuffixCache, build_tree, continuations, cost_cut, longest_match)
 from specdec.sampling.processors import SamplingConfig
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specdec.decoding.suffix import DEFAULT_CACHE_MIB as DEFAULT_SUFFIX_CACHE_MIB
+from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB as DEFAULT_SUFFIX_CACHE_MIB
 
 
 def add_serve_parser(commands, add_load_args) -> None:

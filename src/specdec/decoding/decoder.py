@@ -43,7 +43,7 @@ from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer, proposer_entries
 from specdec.decoding.request import GenerationResult, GenerationStats, Limits, Request, RequestState, make_request
 from specdec.decoding.rounds import catch_up, verify
-from specdec.decoding.suffix import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
+from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.text import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context

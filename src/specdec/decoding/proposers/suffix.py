@@ -1,7 +1,7 @@
 """Suffix decoding proposals: a token tree of what followed the longest earlier match of the recent text.
 
 The matching, the stores (the request's own prompt and output; ``SuffixCache``, recent requests' outputs shared
-by a decoder's workers) and the confidence calibration are decoding/suffix.py's; this module decides what a
+by a decoder's workers) and the confidence calibration are decoding/suffix_store.py's; this module decides what a
 round proposes. Fixed lengths: the tree of up to ``num_draft_tokens`` nodes. "auto": the tree is cut where
 another node would lower the round's expected tokens per second on this machine's measured verify costs; the
 first round proposes nothing (a turn's first token after one one-token pass, as target-only's).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from specdec.contract.limits import refeed_room
 from specdec.decoding.cost_model import ObservedCosts
 from specdec.decoding.proposers.base import Proposal, Proposer, ProposerEntry, RoundInput, RoundResult
-from specdec.decoding.suffix import MAX_SUFFIX_NODES, RequestSuffix, SuffixTree, cost_cut
+from specdec.decoding.suffix_store import MAX_SUFFIX_NODES, RequestSuffix, SuffixTree, cost_cut
 from specdec.decoding.tree import DraftTree
 
 

@@ -361,3 +361,26 @@ def test_messages_routes_refuse_malformed_bodies_in_anthropic_shape(served, path
     assert response.status_code == status, response.text
     reply = response.json()
     assert reply["type"] == "error" and reply["error"]["type"] == kind and named in reply["error"]["message"], reply
+
+
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+        IMAGE, {"type": "text", "text": "what is it"}]}]}, "messages.0.content.0"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [{
+        "type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "x"}, IMAGE]}]}]},
+     "messages.0.content.0.content.1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAA"}}]}]}, "messages.0.content.0"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,AAA"}]}]}, "input.0.content.0"),
+])
+def test_an_image_is_one_clear_line_naming_its_part(served, path, body, field):
+    """A text model's server: an image anywhere is a 400 that says so and names the part (not each union
+    alternative's complaint), in the route's error shape."""
+    response = _post(served[0], path, body)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert message == f"{field}: image input is not supported: the served model reads text only", message

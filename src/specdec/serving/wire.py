@@ -191,6 +191,10 @@ def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
     A union field (``stop``: a string or a list) fails once per alternative: its messages are joined."""
     fields: dict = {}
     for error in exc.errors():
+        media = _media_part(error)
+        if media is not None:  # an image (or audio, a file): one clear line, not each union alternative's complaint
+            where, kind = media
+            return f"{where}: {kind} input is not supported: the served model reads text only", where
         if error.get("type") == "json_invalid":
             detail = (error.get("ctx") or {}).get("error", error.get("msg"))
             return f"the request body is not valid JSON: {detail}", None
@@ -206,6 +210,23 @@ def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
             fields[name].append(message)
     parts = [f"{name}: {' or '.join(messages)}" for name, messages in fields.items()]
     return "; ".join(parts), next(iter(fields), None)
+
+
+# content parts of the APIs' media types (OpenAI's chat and Responses, Anthropic's) a text model cannot read
+MEDIA_PARTS = {"image": "image", "image_url": "image", "input_image": "image", "document": "document",
+               "input_file": "file", "file": "file", "input_audio": "audio", "audio": "audio"}
+
+
+def _media_part(error: dict) -> tuple[str, str] | None:
+    """(the part's field path, "image" / "audio" / ...) when ``error`` is about a media content part."""
+    location = [str(p) for p in error.get("loc", ()) if p != "body"]
+    location = [p for p in location if not _UNION_TAG.fullmatch(p)]
+    value = error.get("input")
+    if isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"] in MEDIA_PARTS:
+        return ".".join(location) or "body", MEDIA_PARTS[value["type"]]
+    if location and location[-1] == "type" and isinstance(value, str) and value in MEDIA_PARTS:
+        return ".".join(location[:-1]), MEDIA_PARTS[value]
+    return None
 
 
 _UNION_TAG = re.compile(r"(str|int|float|bool|none|list\[.*\]|dict\[.*\]|literal\[.*\]|constrained-\w+|"

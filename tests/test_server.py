@@ -166,7 +166,7 @@ BASE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
     ({**BASE, "best_of": 2, "logprobs_x": 1}, None, 400, ["best_of: unknown field", "logprobs_x: unknown field"]),
     ({**BASE, "logit_bias": {"5": 200}}, None, 400, ["logit_bias values must be numbers in -100..100"]),
     ({**BASE, "logit_bias": {"5": "x"}}, None, 400, ["logit_bias"]),
-    ({**BASE, "n": 2}, None, 400, ["n: only n=1"]),
+    ({**BASE, "n": 9}, None, 400, ["n: Input should be less than or equal to 8"]),
     ({**BASE, "messages": [{"role": "wizard", "content": "x"}]}, None, 400, ["messages.0.role"]),
     ({**BASE, "messages": []}, None, 400, ["messages"]),
     ({**BASE, "max_tokens": 10_000}, None, 400, ["context"]),

@@ -201,6 +201,31 @@ def test_no_slots_and_a_server_seed(fim_bundle):
         ServerOptions(model_name="m", seed=-1)
 
 
+def test_several_chat_choices(fim_bundle):
+    """``n`` on the chat route: n choices, choice i sampled with seed + i (the request's or the server's), so choice
+    0 is the n=1 answer and the others differ from it; greedy choices are equal; usage counts the prompt once;
+    n with stream is a 400 naming n."""
+    from fastapi.testclient import TestClient
+
+    from specdec.serving.app import ServerOptions, build_app
+
+    body = {"messages": [{"role": "user", "content": "def area(r):"}], "max_tokens": 10, "temperature": 1.5}
+    with TestClient(build_app(fim_bundle, ServerOptions(model_name="m", seed=3))) as client:
+        several = client.post("/v1/chat/completions", json={**body, "n": 3}).json()
+        texts = [choice["message"]["content"] for choice in several["choices"]]
+        alone = [client.post("/v1/chat/completions", json={**body, "seed": 3 + i}).json() for i in range(3)]
+        greedy = client.post("/v1/chat/completions", json={**body, "n": 2, "temperature": 0}).json()
+        streamed = client.post("/v1/chat/completions", json={**body, "n": 2, "stream": True})
+        too_many = client.post("/v1/chat/completions", json={**body, "n": 9})
+    assert [c["index"] for c in several["choices"]] == [0, 1, 2]
+    assert texts == [a["choices"][0]["message"]["content"] for a in alone] and len(set(texts)) > 1
+    assert several["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]
+    assert several["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+    assert greedy["choices"][0]["message"] == greedy["choices"][1]["message"]
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "n"
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+
+
 def test_a_refusal_check_that_touched_the_cache_would_be_caught(fim_bundle, tmp_path, monkeypatch):
     """Planted failure: a restore that changes the cache before it refuses (as one that loaded the target and
     then found the draft wrong would) makes the next request differ from the one before the refusal, which is

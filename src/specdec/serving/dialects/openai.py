@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from specdec.contract.limits import MAX_SEED
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.request import GenerationStats
 from specdec.serving.answers import logprob_entry, specdec_fields, timings
@@ -212,6 +213,10 @@ class Chat:
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
         conversation = self.conversation(body, names)
+        if body.n > 1:
+            if body.stream:
+                raise APIError(400, "n: several choices are not streamed: give stream: false or n: 1", param="n")
+            return await self.choices(body, request, names, conversation, model)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         run = await start_chat(engine, request, names, conversation, body.max_tokens,
                                partial(options_of, body, names=names, logprobs=logprobs,
@@ -277,6 +282,25 @@ class Chat:
                 "specdec": specdec_fields(done) | (source_block(spans if prepared.sources and turn.form is None
                                                                 else None) or {})}
 
+
+    async def choices(self, body: ChatCompletionRequest, request: Request, names: dict, conversation: Conversation,
+                      model: str) -> dict:
+        """``n`` choices, one job after another (the second reads the prompt from the first's cache): choice i
+        samples with seed + i (the request's seed, else the server's), or with fresh randomness when neither is
+        set; greedy choices are equal. Usage counts the prompt once and every choice's tokens."""
+        engine = self.engine
+        seed = body.seed if body.seed is not None else self.server.seed
+        answers = []
+        for index in range(body.n):
+            one = body.model_copy(update={"n": 1, "seed": None if seed is None else (seed + index) % (MAX_SEED + 1)})
+            answers.append(await self.create(one, request))
+        stats = [answer["usage"] for answer in answers]
+        completion = sum(item["completion_tokens"] for item in stats)
+        first = answers[0]
+        return {**first, "choices": [{**answer["choices"][0], "index": index} for index, answer in enumerate(answers)],
+                "usage": {**first["usage"], "completion_tokens": completion,
+                          "total_tokens": first["usage"]["prompt_tokens"] + completion},
+                "specdec": {**first["specdec"], "choices": [answer["specdec"] for answer in answers]}}
 
     @staticmethod
     def conversation(body: ChatCompletionRequest, names: dict) -> Conversation:

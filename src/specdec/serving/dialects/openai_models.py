@@ -60,7 +60,7 @@ class _GenerationFields(Extensions):
     @classmethod
     def _one_choice(cls, value):
         if value != 1:
-            raise ValueError("only n=1 is supported")
+            raise ValueError("only n=1 is supported here")
         return value
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -133,8 +133,17 @@ class NamedToolChoice(Strict):
     function: NamedFunction
 
 
+MAX_CHOICES = 8  # n on the chat route: the choices run one after another (each reuses the prompt's cache)
+
+
 class ChatCompletionRequest(_GenerationFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1  # several choices: not streamed
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value):  # replaces the completions' n=1 check: the bounds above apply
+        return value
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None

@@ -202,7 +202,7 @@ def test_no_slots_and_a_server_seed(fim_bundle):
 
 
 def test_several_chat_choices(fim_bundle):
-    """``n`` on the chat route: n choices, choice i sampled with seed + i (the request's or the server's), so choice
+    """``n`` (and llama-server's ``id_slot``) on the chat route: n choices, choice i sampled with seed + i (the request's or the server's), so choice
     0 is the n=1 answer and the others differ from it; greedy choices are equal; usage counts the prompt once;
     n with stream is a 400 naming n."""
     from fastapi.testclient import TestClient
@@ -211,7 +211,8 @@ def test_several_chat_choices(fim_bundle):
 
     body = {"messages": [{"role": "user", "content": "def area(r):"}], "max_tokens": 10, "temperature": 1.5}
     with TestClient(build_app(fim_bundle, ServerOptions(model_name="m", seed=3))) as client:
-        several = client.post("/v1/chat/completions", json={**body, "n": 3}).json()
+        several = client.post("/v1/chat/completions", json={**body, "n": 3, "id_slot": 0}).json()
+        no_slot = client.post("/v1/chat/completions", json={**body, "id_slot": 1})  # one worker: slot 0 only
         texts = [choice["message"]["content"] for choice in several["choices"]]
         alone = [client.post("/v1/chat/completions", json={**body, "seed": 3 + i}).json() for i in range(3)]
         greedy = client.post("/v1/chat/completions", json={**body, "n": 2, "temperature": 0}).json()
@@ -224,6 +225,7 @@ def test_several_chat_choices(fim_bundle):
     assert greedy["choices"][0]["message"] == greedy["choices"][1]["message"]
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "n"
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "n"
+    assert no_slot.status_code == 400 and no_slot.json()["error"]["param"] == "id_slot"
 
 
 def test_a_refusal_check_that_touched_the_cache_would_be_caught(fim_bundle, tmp_path, monkeypatch):

@@ -101,13 +101,15 @@ class ChatRun:
 
 
 async def start_chat(engine: Engine, request: Request, names: dict, conversation: Conversation, budget: int | None,
-                     options_of: Callable[..., GenerationOptions], sources: bool = False) -> ChatRun:
+                     options_of: Callable[..., GenerationOptions], sources: bool = False,
+                     worker: int | None = None) -> ChatRun:
     """Render, validate and queue the turn. ``budget``: the client's token budget (None: the rest of the context);
     ``options_of(max_new, **more)``: the dialect's fields as ``GenerationOptions`` (``more``: the turn's stop ids
-    and constraint)."""
+    and constraint); ``worker``: the one worker that must run it (llama-server's ``id_slot``; None: the pool's
+    choice)."""
     turn = render(engine, conversation, names)
     max_new = budget if budget is not None else engine.open_budget(turn.ids)
     options = options_of(max_new, stop_token_ids=turn.stop_token_ids, constraint=turn.constraint)
-    prepared = engine.prepare(turn.ids, options, names, budget is not None, sources=sources)
+    prepared = engine.prepare(turn.ids, options, names, budget is not None, sources=sources, worker=worker)
     job, first = await engine.start(prepared, request, names)
     return ChatRun(turn, prepared, job, first, turn.output())

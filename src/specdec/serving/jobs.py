@@ -201,6 +201,16 @@ class Engine:
         """The token budget of a request that leaves it to the server: what the context holds after the prompt."""
         return max(1, self.decoder.max_context - len(prompt_ids) - 1 - DRAFT_ROOM)
 
+    def slot(self, id_slot: int) -> int | None:
+        """The worker llama-server's ``id_slot`` names (-1: None, the pool routes the request); a slot past the
+        workers is a 400 naming the field."""
+        workers = self.pool.options.workers
+        if id_slot == -1:
+            return None
+        if id_slot >= workers:
+            raise APIError(400, f"id_slot: must be -1 or a slot id in 0..{workers - 1}", param="id_slot")
+        return id_slot
+
     def prepare(self, prompt_ids: list, options: GenerationOptions, names: dict, budget_given: bool = True,
                 sources: bool = False, prompt_field: str | None = None, worker: int | None = None) -> Prepared:
         """The decoder's own checks (``make_request``) on these options; a refusal is a 400 naming the field.

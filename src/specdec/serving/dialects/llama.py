@@ -144,15 +144,6 @@ class Generation:
     def names(body: LlamaGeneration) -> dict:
         return {**NAMES, "max_new_tokens": body.budget()[0], "logprobs": body.top_alternatives()[0]}
 
-    def slot(self, body: LlamaGeneration) -> int | None:
-        """The worker ``id_slot`` names (None: -1, the pool routes the request)."""
-        workers = self.engine.pool.options.workers
-        if body.id_slot == -1:
-            return None
-        if body.id_slot >= workers:
-            raise APIError(400, f"id_slot: must be -1 or a slot id in 0..{workers - 1}", param="id_slot")
-        return body.id_slot
-
     def ignored(self, body: LlamaGeneration) -> list:
         return body.ignored_fields + ([] if body.cache_prompt else ["cache_prompt"])  # reuse is exact: always on
 
@@ -162,7 +153,7 @@ class Generation:
         model = self.server.answer_model(body.model) if body.model is not None else self.server.model_name
         ignored = self.ignored(body)
         prepared = engine.prepare(ids, options, names, budget_given, prompt_field=prompt_field,
-                                  worker=self.slot(body))
+                                  worker=self.engine.slot(body.id_slot))
         prepared.time_limit = max(0, body.t_max_predict_ms) / 1000.0
         job, first = await engine.start(prepared, request, names)
         codec, stop_ids = engine.codec, set(stop_ids)

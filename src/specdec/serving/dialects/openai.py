@@ -221,7 +221,7 @@ class Chat:
         run = await start_chat(engine, request, names, conversation, body.max_tokens,
                                partial(options_of, body, names=names, logprobs=logprobs,
                                        encode=partial(engine.codec.encode, special=False)),
-                               sources=body.token_sources)
+                               sources=body.token_sources, worker=engine.slot(body.id_slot))
         job, first, output = run.job, run.first, run.output
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         codec, system = engine.codec, fingerprint(engine)

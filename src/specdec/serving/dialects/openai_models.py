@@ -139,6 +139,7 @@ MAX_CHOICES = 8  # n on the chat route: the choices run one after another (each 
 class ChatCompletionRequest(_GenerationFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1  # several choices: not streamed
+    id_slot: Annotated[int, Field(ge=-1)] = -1  # llama-server's: the worker (slot) to run on; -1: any
 
     @field_validator("n")
     @classmethod

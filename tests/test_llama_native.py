@@ -267,7 +267,7 @@ def test_fail_on_no_slot_when_every_worker_is_busy():
 BAD = [
     ("/completion", {"n_predict": 2}, 400, "prompt"),
     ("/completion", {"prompt": []}, 400, "prompt"),
-    ("/completion", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/completion", {"prompt": [[1], 2]}, 400, "prompt"),  # several prompts mixed with an id
     ("/completion", {"prompt": [1, -2]}, 400, "prompt.1"),
     ("/completion", {"prompt": [1, 100_000]}, 400, "prompt"),
     ("/completion", {"prompt": [1.5]}, 400, "prompt.0"),

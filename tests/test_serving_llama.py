@@ -446,3 +446,26 @@ def test_the_server_has_its_pass_costs_before_it_listens(fim_bundle, monkeypatch
     monkeypatch.setattr(SpeculativeDecoder, "costs", lambda self: asked.append(self) or original(self))
     build_app(fim_bundle, ServerOptions(model_name=MODEL))
     assert len(asked) == 1 and asked[0]._costs is not None
+
+
+def test_several_prompts_in_one_completion(served, reference):
+    """llama-server's batch: a list of token lists or strings is several prompts, answered in order as a list, each
+    the answer that prompt gets alone (greedy); a batch is not streamed; a list of ids and strings stays one prompt."""
+    url = served
+    text = "def add(a, b):"
+    tokens = _post(url, "/tokenize", {"content": text, "add_special": True}).json()["tokens"]
+    body = {"n_predict": 6, "temperature": 0, "return_tokens": True}
+    alone = _post(url, "/completion", {**body, "prompt": tokens}).json()
+    for batch in ([tokens, tokens], [tokens, text], [text, "def sub(a, b):"]):
+        answers = _post(url, "/completion", {**body, "prompt": batch}).json()
+        assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1]
+        assert answers[0]["tokens"] == alone["tokens"] and answers[0]["content"] == alone["content"]
+    assert answers[1]["content"] == _post(url, "/completion", {**body, "prompt": "def sub(a, b):"}).json()["content"]
+    single = _post(url, "/completion", {**body, "prompt": [*tokens[:2], " b):"]}).json()
+    assert isinstance(single, dict)
+    for bad, message in (({"prompt": [tokens, tokens], "stream": True}, "not streamed"),
+                         ({"prompt": [tokens[0], tokens]}, "mixes token ids"),
+                         ({"prompt": [tokens] * 17}, "at most 16"),
+                         ({"prompt": [tokens, []]}, "empty prompt")):
+        refused = _post(url, "/completion", {**body, **bad})
+        assert refused.status_code == 400 and message in refused.text, refused.text

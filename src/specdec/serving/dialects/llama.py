@@ -194,6 +194,16 @@ class Completion(Generation):
     text, special tokens written in the text parsed as such)."""
 
     async def create(self, body: CompletionRequest, request: Request):
+        prompts = body.prompts()
+        if prompts is not None:  # several prompts: one answer each, in order, as a list (llama-server's batch)
+            if body.stream:
+                raise APIError(400, "prompt: several prompts are not streamed: give stream: false or one prompt",
+                               param="prompt")
+            answers = []
+            for index, prompt in enumerate(prompts):
+                answer = await self.create(body.model_copy(update={"prompt": prompt}), request)
+                answers.append({**answer, "index": index} if body.response_fields is None else answer)
+            return answers
         names = self.names(body)
         ids = self.engine.codec.encode_mixed(body.prompt, add_special=True)
         budget = body.budget()[1]

@@ -102,20 +102,39 @@ class InfillRequest(LlamaGeneration):
         return sorted(set(super().ignored_fields) | chunks)
 
 
+MAX_PROMPTS = 16  # prompts of one batched /completion request (run one after another)
+
+
 class CompletionRequest(LlamaGeneration):
-    """``POST /completion`` (and ``/completions``): a text prompt, token ids, or a list mixing both."""
-    prompt: str | list[TokenId | str]
+    """``POST /completion`` (and ``/completions``): a text prompt, token ids, or a list mixing both; or several
+    prompts, as llama-server takes them: a list of strings, or a list whose items are token lists or strings."""
+    prompt: str | list[TokenId | str | list[TokenId | str]]
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value):
+    def _prompts(cls, value):
         if isinstance(value, list):
             if not value:
                 raise ValueError("is empty: give some text or token ids")
-            if len(value) > 1 and all(isinstance(part, str) for part in value):
-                raise ValueError("a list of strings is several prompts: one prompt per request (mix token ids "
-                                 "and strings in one list for a single prompt)")
+            if any(isinstance(part, list) for part in value):
+                if not all(isinstance(part, (list, str)) for part in value):
+                    raise ValueError("mixes token ids with prompts: several prompts are each a list of token ids "
+                                     "or a string")
+                if any(not part for part in value):
+                    raise ValueError("holds an empty prompt: give some text or token ids")
+            if len(value) > MAX_PROMPTS and CompletionRequest.is_batch(value):
+                raise ValueError(f"holds {len(value)} prompts: at most {MAX_PROMPTS} per request")
         return value
+
+    @staticmethod
+    def is_batch(value) -> bool:
+        """Several prompts: a list of two or more strings, or a list holding token lists (llama-server's reading)."""
+        return isinstance(value, list) and (any(isinstance(part, list) for part in value) or (
+            len(value) > 1 and all(isinstance(part, str) for part in value)))
+
+    def prompts(self) -> list | None:
+        """The prompts of a batched request, each one prompt as ``prompt`` takes it; None for one prompt."""
+        return list(self.prompt) if self.is_batch(self.prompt) else None
 
 
 class TokenizeRequest(LlamaBody):

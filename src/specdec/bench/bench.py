@@ -451,9 +451,10 @@ def markdown(report: dict) -> str:
                      "the server's peak (VmHWM). " + " ".join(llama.get("notes", [])))
     openvino = report.get("openvino")
     if openvino:
-        jobs = [v["job"] for k, v in openvino.items() if k != "notes"]
-        properties = json.dumps(jobs[0]["properties"]) if jobs and jobs[0]["properties"] else "its defaults"
-        version = next((v.get("version") for k, v in openvino.items() if k != "notes"), None) or "?"
+        first = next((v for k, v in openvino.items() if k != "notes"), {})  # every mode's job has the same options
+        given = first.get("job", {}).get("properties")
+        properties = json.dumps(given) if given else "its defaults"
+        version = first.get("version") or "?"
         lines.append(f"OpenVINO GenAI {version} rows (ov:*): an LLMPipeline per mode in its own process on the same "
                      "GGUFs, with "
                      f"{properties}; prefill: its time to first token; decode: the rest of the generate call over the "

@@ -30,6 +30,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from specdec.bench.llama_server import check_binary
+
 MODES = ("ov:target", "ov:draft", "ov:lookup")
 DEFAULT_DRAFT_TOKENS = 4
 LOOKUP_NGRAM = 3
@@ -39,9 +41,7 @@ LOAD_TIMEOUT = 600.0
 
 def check_python(python: str) -> str:
     """``python`` if that interpreter imports openvino_genai, else one ValueError line."""
-    found = shutil.which(python) if os.sep not in python else (python if os.path.isfile(python) else None)
-    if not found:
-        raise ValueError(f"--openvino-python: {python} is not an executable file")
+    found = check_binary(python, "--openvino-python")
     probe = subprocess.run([found, "-c", "import openvino_genai, numpy"], capture_output=True, text=True)
     if probe.returncode != 0:
         raise ValueError(f"--peer-openvino needs openvino-genai (and numpy) in {python}: "
@@ -184,8 +184,11 @@ class OpenvinoPeer:
         return runs
 
     def describe(self) -> dict:
-        described = {mode: {"job": {k: (Path(v).name if k == "target" else v) for k, v in w.job.items() if k != "draft"},
-                            "load_seconds": w.ready.get("load_seconds"), "rss_mib_at_load": w.ready.get("rss_mib"),
+        def public(job: dict) -> dict:  # file names, not this machine's paths; the scratch folder left out
+            return {k: (Path(v).name if k == "target" else v) for k, v in job.items() if k != "draft"}
+
+        described = {mode: {"job": public(w.job), "load_seconds": w.ready.get("load_seconds"),
+                            "rss_mib_at_load": w.ready.get("rss_mib"),
                             "version": w.ready.get("version")}
                      for mode, w in self.workers.items()}
         return described | ({"notes": self.notes} if self.notes else {})

@@ -157,7 +157,8 @@ def evaluate_bundle(bundle_dir: str | Path, text: str, roles=ROLES, context: int
                     chunks: int | None = None, threads: int | None = None, verify: bool = True,
                     segment: int = DEFAULT_SEGMENT) -> dict:
     """{role: PerplexityResult} for each of ``roles`` the bundle has, over ``text``, on onnxruntime's CPU; a model in
-    several weight forms gives one result per form (``target``, ``target-int8``). Every problem (bundle, options, a text too short) is a one-line ValueError before a model loads."""
+    several weight forms gives one result per form (``target``, ``target-int8``). Every problem (bundle, options, a
+    text too short) is a one-line ValueError before a model loads."""
     from tokenizers import Tokenizer
 
     from specdec.runners.factory import make_runner

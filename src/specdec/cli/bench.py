@@ -132,8 +132,6 @@ def load_peers(args, encode, say, llama=None, openvino=None) -> tuple:
     peers = []
     try:
         if openvino:
-            from specdec.bench.openvino_peer import OpenvinoPeer
-
             python, target, draft, modes, properties = openvino
             peers.append(OpenvinoPeer(python, target, draft, encode, args.max_new_tokens, say, args.threads, modes,
                                       args.openvino_draft_tokens, properties, log_dir=args.out))

@@ -439,8 +439,9 @@ class SpeculativeDecoder:
             draft = TimedRunner(self.draft, "draft", on_pass) if self.draft is not None else None
             started = time.perf_counter()
             leave = 1 if request.max_new_tokens == 0 else 2  # a warm-up holds all but the last token
-            if proposer_entries()[request.proposer].draft_cannot_pay is not None:  # before the prefill's peak memory
-                self._close_draft_if_it_cannot_pay(request, self._resources(draft, state.tokens, leave),
+            cannot_pay = proposer_entries()[request.proposer].draft_cannot_pay
+            if cannot_pay is not None:  # before the prefill's peak memory
+                self._close_draft_if_it_cannot_pay(cannot_pay, request, self._resources(draft, state.tokens, leave),
                                                    len(state.tokens))
             stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
             self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
@@ -490,7 +491,7 @@ class SpeculativeDecoder:
                 if uses_draft:
                     self.prompt_cache.store("draft", self.draft)
 
-    def _close_draft_if_it_cannot_pay(self, request, resources: ProposerResources, context: int) -> None:
+    def _close_draft_if_it_cannot_pay(self, cannot_pay, request, resources: ProposerResources, context: int) -> None:
         """Free the draft's session (its weights: 0.38 GiB of the 1.5B pair) when this conversation's context is so
         long that the draft's catch-up would cost more than it could save even if the answer filled the rest of the
         context: follow-ups only make the context longer. A later request that runs the draft opens it again (its
@@ -498,7 +499,7 @@ class SpeculativeDecoder:
         sessions = self.draft_sessions
         if not self.closes_draft or sessions is None or not sessions.is_open:
             return
-        if proposer_entries()[request.proposer].draft_cannot_pay(request, resources, self.max_context - context):
+        if cannot_pay(request, resources, self.max_context - context):
             sessions.close(f"a {context:,}-token context of {self.max_context:,}: the draft's catch-up costs more "
                            "than it could save")
 

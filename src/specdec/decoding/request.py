@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -153,7 +154,7 @@ class Request:
     def tree(self) -> tuple | str | None:  # branching factors per depth, "auto", or None (a chain)
         return self.options.tree
 
-    @property
+    @cached_property  # read every round (RequestState.commit): made once
     def stop_token_ids(self) -> frozenset:  # e.g. a chat template's end-of-turn token: ends like EOS
         return frozenset(self.options.stop_token_ids)
 

@@ -67,11 +67,11 @@ class ServerOptions:
     slots_endpoint: bool = True  # GET /slots answers (llama-server's --slots / --no-slots; False: a 501)
 
     def __post_init__(self):
+        from specdec.contract.field_checks import int_in
         from specdec.contract.limits import MAX_SEED
 
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or
-                                      not 0 <= self.seed <= MAX_SEED):
-            raise ValueError(f"seed must be an integer in 0..{MAX_SEED}, got {self.seed!r}")
+        if self.seed is not None:
+            int_in(0, MAX_SEED)(self.seed, "seed")
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
             raise ValueError("model names must be non-empty")
         if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):

@@ -191,16 +191,14 @@ def field_errors(exc: RequestValidationError) -> tuple[str, str | None]:
     A union field (``stop``: a string or a list) fails once per alternative: its messages are joined."""
     fields: dict = {}
     for error in exc.errors():
-        media = _media_part(error)
+        location = _location(error)
+        media = _media_part(error, location)
         if media is not None:  # an image (or audio, a file): one clear line, not each union alternative's complaint
             where, kind = media
             return f"{where}: {kind} input is not supported: the served model reads text only", where
         if error.get("type") == "json_invalid":
             detail = (error.get("ctx") or {}).get("error", error.get("msg"))
             return f"the request body is not valid JSON: {detail}", None
-        location = [str(p) for p in error.get("loc", ()) if p != "body"]
-        # drop pydantic's tags for union alternatives ("str", "list[str]", "constrained-int", "literal['auto']")
-        location = [p for p in location if not _UNION_TAG.fullmatch(p)]
         if error.get("type") == "invalid_text":  # WireModel's check: the path inside the model it checked
             location += (error.get("ctx") or {}).get("field", [])
         name = ".".join(location) or "body"
@@ -217,10 +215,15 @@ MEDIA_PARTS = {"image": "image", "image_url": "image", "input_image": "image", "
                "input_file": "file", "file": "file", "input_audio": "audio", "audio": "audio"}
 
 
-def _media_part(error: dict) -> tuple[str, str] | None:
-    """(the part's field path, "image" / "audio" / ...) when ``error`` is about a media content part."""
-    location = [str(p) for p in error.get("loc", ()) if p != "body"]
-    location = [p for p in location if not _UNION_TAG.fullmatch(p)]
+def _location(error: dict) -> list:
+    """The client's field path of a pydantic error: without "body" and pydantic's tags for union alternatives
+    ("str", "list[str]", "constrained-int", "literal['auto']")."""
+    return [str(p) for p in error.get("loc", ()) if p != "body" and not _UNION_TAG.fullmatch(str(p))]
+
+
+def _media_part(error: dict, location: list) -> tuple[str, str] | None:
+    """(the part's field path, "image" / "audio" / ...) when ``error`` (at ``location``) is about a media content
+    part."""
     value = error.get("input")
     if isinstance(value, dict) and isinstance(value.get("type"), str) and value["type"] in MEDIA_PARTS:
         return ".".join(location) or "body", MEDIA_PARTS[value["type"]]

@@ -122,7 +122,7 @@ class CompletionRequest(LlamaGeneration):
                                      "or a string")
                 if any(not part for part in value):
                     raise ValueError("holds an empty prompt: give some text or token ids")
-            if len(value) > MAX_PROMPTS and CompletionRequest.is_batch(value):
+            if len(value) > MAX_PROMPTS and cls.is_batch(value):
                 raise ValueError(f"holds {len(value)} prompts: at most {MAX_PROMPTS} per request")
         return value
 

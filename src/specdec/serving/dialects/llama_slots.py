@@ -3,8 +3,8 @@
 
 ``GET /slots`` (unless the server runs with ``--no-slots``: 501) answers one object per worker: llama-server's
 ``id``, ``n_ctx``, ``speculative``, ``is_processing``, and for a worker that has run a request its ``id_task``,
-``n_prompt_tokens``, ``n_prompt_tokens_processed``, ``n_prompt_tokens_cache`` and ``next_token``; ``specdec`` says how many tokens
-each model's cache holds. ``?fail_on_no_slot=1`` answers 503 when every worker is busy.
+``n_prompt_tokens``, ``n_prompt_tokens_processed``, ``n_prompt_tokens_cache`` and ``next_token``; ``specdec`` says
+how many tokens each model's cache holds. ``?fail_on_no_slot=1`` answers 503 when every worker is busy.
 
 A slot action runs as a job pinned to that worker (serving/pool.py), so it never races a generation: on a busy
 worker it waits for the running request to end, as llama-server defers it. ``save`` writes the worker's caches

@@ -149,21 +149,23 @@ class SpeculativeDecoder:
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         form = None  # the target's weight form, when the bundle carries several
         backend = backend_for(provider)
-        if backend is not None:  # a backend that builds the bundle's runners itself (TensorRT's engines)
-            runners = backend(root, manifest, max_context)
-        else:
-            # the target's session now (the tokenizer meanwhile), the draft's on a thread of its own once the target's
-            # is made: load returns (a server answers /health) while the draft's weights are still being packed, and
-            # a pass of the draft waits for them (runners/sessions.py)
-            form, target_file = choose_form(root, manifest.target, identity, provider, threads, weight_form)
-            files = {"target": target_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft else {})
-            runners = {
-                role: make_runner(str(inside(root, files[role])), spec, provider, max_context, step_tokens, threads,
-                                  kept_ids=load_kept_ids(root, spec), session=DEFERRED if role == "draft" else None)
-                for role, spec in manifest.models().items()
-            }
         with ThreadPoolExecutor(1) as background:
+            # the tokenizer on a thread while the target's session is made here (onnxruntime packs the weights with
+            # the GIL released); the draft's session on a thread of its own once the target's is made: load returns
+            # (a server answers /health) while the draft's weights are still being packed, and a pass of the draft
+            # waits for them (runners/sessions.py)
             codec = background.submit(TextCodec, inside(root, manifest.tokenizer_file))
+            if backend is not None:  # a backend that builds the bundle's runners itself (TensorRT's engines)
+                runners = backend(root, manifest, max_context)
+            else:
+                form, target_file = choose_form(root, manifest.target, identity, provider, threads, weight_form)
+                files = {"target": target_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft else {})
+                runners = {
+                    role: make_runner(str(inside(root, files[role])), spec, provider, max_context, step_tokens,
+                                      threads, kept_ids=load_kept_ids(root, spec),
+                                      session=DEFERRED if role == "draft" else None)
+                    for role, spec in manifest.models().items()
+                }
             if getattr(runners["target"], "sessions", None) is not None:
                 runners["target"].sessions.get()
             codec = codec.result()
@@ -322,7 +324,7 @@ class SpeculativeDecoder:
 
         extra: other files as ``[{"filename": ..., "text": ...}]`` (repository-level context); prompt: text
         that continues the prefix (llama.cpp's ``prompt``). ``options`` / keywords are ``generate``'s; the answer
-        ends at EOS or at the tokenizer's FIM markers. Laid out as llama.cpp's server does (decoding/infill.py)."""
+        ends at EOS or at the tokenizer's FIM markers. Laid out as llama.cpp's server does (decoding/text/infill.py)."""
         ids, options = self.infill_request(prefix, suffix, GenerationOptions.build(options, **changes), extra, prompt)
         return self.generate(ids, options)
 
@@ -387,7 +389,7 @@ class SpeculativeDecoder:
 
     def chat(self, messages, options: GenerationOptions | None = None, **changes) -> GenerationResult:
         """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token.
-        Chat's own keywords (``tools``, ``tool_choice``, ``template_variables``): decoding/chat.py."""
+        Chat's own keywords (``tools``, ``tool_choice``, ``template_variables``): decoding/text/chat.py."""
         from specdec.decoding.chat import chat
 
         return chat(self, messages, options, **changes)

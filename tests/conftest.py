@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+# the shared helpers (tiny_models, scripted, paths, ...) and every package's folder of tests, whose modules other
+# tests import constants and fixtures from (test files are named uniquely across the folders)
+_TESTS = Path(__file__).parent
+sys.path[:0] = [str(_TESTS)] + sorted(str(folder) for folder in _TESTS.iterdir()
+                                      if folder.is_dir() and any(folder.glob("test_*.py")))
 # keep the verified-hash cache and joined model files of test runs out of the user's cache; the run's own folder is
 # removed when it ends
 if "SPECDEC_CACHE" not in os.environ:

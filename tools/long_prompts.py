@@ -17,7 +17,7 @@ from pathlib import Path
 from specdec.bench.bench import load_prompts
 from specdec.contract.manifest import Manifest
 from specdec.bench.prompt_sets import LONG_CONTEXT_TOKENS, long_context_prompts
-from specdec.decoding.text import TextCodec
+from specdec.decoding.text.codec import TextCodec
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("bundle", type=Path)

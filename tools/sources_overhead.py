@@ -8,7 +8,7 @@ streamed, once with ``token_sources: true`` and once without, alternating which 
 server's own decode seconds (``specdec.decode_seconds`` of the final chunk: the decode loop, where the span work
 runs) and the wall time, checks both answers are the same text (and that the spans concatenate to it), and prints
 the medians and the ratios with / without. Without the field no span code runs at all (tested in
-tests/test_token_sources.py); the target with it is <= 1.02x decode time. Only the ratio means something on a
+tests/serving/test_token_sources.py); the target with it is <= 1.02x decode time. Only the ratio means something on a
 machine shared with other work.
 """
 

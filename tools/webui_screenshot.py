@@ -6,7 +6,7 @@ usage: python tools/webui_screenshot.py URL OUT.png [--message TEXT ...] [--prop
 Loads the page at URL (a running `specdec serve`), sends each --message in turn (waiting for each answer to end),
 and saves a screenshot. The browser never downloads anything: it is /usr/bin/chromium driven by
 /usr/bin/chromedriver (no selenium-manager), with its background services off and every host name but the
-loopback's unresolvable. The browser test (tests/test_webui.py) drives the page with the same helpers.
+loopback's unresolvable. The browser test (tests/serving/test_webui.py) drives the page with the same helpers.
 """
 
 from __future__ import annotations

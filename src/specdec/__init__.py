@@ -10,7 +10,7 @@ Packages, lowest layer first (each imports only packages listed before it; ``tes
 """
 
 from specdec.contract.manifest import BundleError
-from specdec.decoding.chat import ChatTemplateError
+from specdec.decoding.text.chat import ChatTemplateError
 from specdec.decoding.constraint import Constraint, ConstraintError, TokenLogprob
 from specdec.decoding.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
 from specdec.decoding.options import ContextLengthError, GenerationError, GenerationOptions

@@ -128,7 +128,7 @@ def test_peer_gguf_must_be_a_gguf_file(tmp_path):
         ls.resolve_ggufs(str(tmp_path), [str(tmp_path / "not.gguf")])
     with pytest.raises(ValueError, match="takes TARGET"):
         ls.resolve_ggufs(str(tmp_path), ["a", "b", "c"])
-    # the manifest's own GGUFs (sha256-checked): tests/test_provenance.py
+    # the manifest's own GGUFs (sha256-checked): tests/export/test_provenance.py
 
 
 def _prompts(tmp_path):

@@ -3,15 +3,15 @@ pass_widths.py (pass times by width while decoding, beside the calibration) and 
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from paths import TOOLS
 
 pytest.importorskip("onnx")
 
 
 def _tool():
-    path = Path(__file__).resolve().parents[1] / "tools" / "kernel_curve.py"
+    path = TOOLS / "kernel_curve.py"
     spec = importlib.util.spec_from_file_location("kernel_curve", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -36,7 +36,7 @@ def test_pass_widths_times_each_width_beside_the_calibration(tiny_bundle, tmp_pa
     the fresh calibration's ratio; the one-token row is 1.00x in every column."""
     import json
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "pass_widths.py"
+    path = TOOLS / "pass_widths.py"
     spec = importlib.util.spec_from_file_location("pass_widths", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
@@ -57,7 +57,7 @@ def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path,
     compared a role with itself would report 1.0 there); a text shorter than one context is a usage error."""
     import json
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "draft_agreement.py"
+    path = TOOLS / "draft_agreement.py"
     spec = importlib.util.spec_from_file_location("draft_agreement", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

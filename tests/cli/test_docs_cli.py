@@ -4,11 +4,11 @@ command the parsers have is documented in both."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 COMMAND = re.compile(r"\bspecdec(?:-export|\s+([a-z]+))")
 

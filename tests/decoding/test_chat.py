@@ -57,7 +57,7 @@ def test_unhashed_template_is_not_read(tiny_bundle, tmp_path):
     """A template file planted after export (not in the manifest) is ignored: the bundle has no template."""
     import shutil
 
-    from specdec.decoding.chat import load_chat_template
+    from specdec.decoding.text.chat import load_chat_template
     from specdec.contract.manifest import Manifest
 
     copy = shutil.copytree(tiny_bundle, tmp_path / "b")
@@ -69,7 +69,7 @@ def test_render_matches_transformers(chat_bundle):
     """render_chat gives exactly the text transformers' apply_chat_template gives, with and without the header."""
     from transformers import AutoTokenizer
 
-    from specdec.decoding.chat import load_chat_template, render_chat
+    from specdec.decoding.text.chat import load_chat_template, render_chat
     from specdec.contract.manifest import Manifest
 
     template = load_chat_template(chat_bundle, Manifest.read(chat_bundle))
@@ -94,7 +94,7 @@ LLAMA3_LIKE = ("{% for m in messages %}<|start|>{{ m.role }}\n\n{{ m.content | t
     ("   ", "<|start|>assistant\n\n"),
 ])
 def test_a_final_assistant_message_is_continued(prefill, ending):
-    from specdec.decoding.chat import render_chat
+    from specdec.decoding.text.chat import render_chat
 
     messages = [{"role": "user", "content": "What is the best book"}, {"role": "assistant", "content": prefill}]
     text = render_chat(LLAMA3_LIKE, messages, continue_final_message=True)
@@ -107,7 +107,7 @@ def test_a_final_assistant_message_is_continued(prefill, ending):
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}], "with tool_calls"),
 ])
 def test_what_cannot_be_continued_is_named(messages, message):
-    from specdec.decoding.chat import ChatTemplateError, render_chat
+    from specdec.decoding.text.chat import ChatTemplateError, render_chat
 
     with pytest.raises(ChatTemplateError, match=message):
         render_chat(LLAMA3_LIKE, messages, continue_final_message=True)
@@ -119,7 +119,7 @@ def test_what_cannot_be_continued_is_named(messages, message):
 
 def test_render_helpers_like_transformers():
     """raise_exception, tojson (no HTML escaping), strftime_now, special-token variables, trim/lstrip blocks."""
-    from specdec.decoding.chat import ChatTemplate, ChatTemplateError, render_chat
+    from specdec.decoding.text.chat import ChatTemplate, ChatTemplateError, render_chat
 
     template = ChatTemplate(
         "{{ bos_token }}\n  {% for m in messages %}\n{{ m | tojson }}{% endfor %}{{ strftime_now('%Y')[:2] }}",
@@ -133,7 +133,7 @@ def test_render_helpers_like_transformers():
 
 def test_sandbox_blocks_attribute_escapes():
     """A template reaching for Python internals fails in the sandbox instead of running."""
-    from specdec.decoding.chat import ChatTemplateError, render_chat
+    from specdec.decoding.text.chat import ChatTemplateError, render_chat
 
     with pytest.raises(ChatTemplateError):
         render_chat("{{ messages.__class__.__mro__[1].__subclasses__() }}", [{"role": "user", "content": "x"}])
@@ -148,7 +148,7 @@ def test_sandbox_blocks_attribute_escapes():
 ])
 def test_bad_messages_named(messages, message):
     """Malformed messages raise ChatTemplateError (a ValueError) naming the bad part."""
-    from specdec.decoding.chat import ChatTemplateError, render_chat
+    from specdec.decoding.text.chat import ChatTemplateError, render_chat
 
     with pytest.raises(ChatTemplateError, match=message):
         render_chat(TINY_CHAT_TEMPLATE, messages)
@@ -156,7 +156,7 @@ def test_bad_messages_named(messages, message):
 
 def test_text_parts_are_joined():
     """OpenAI content parts render like the same text as a plain string."""
-    from specdec.decoding.chat import render_chat
+    from specdec.decoding.text.chat import render_chat
 
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert render_chat(TINY_CHAT_TEMPLATE, parts) == render_chat(TINY_CHAT_TEMPLATE, [{"role": "user", "content": "ab"}])
@@ -164,7 +164,7 @@ def test_text_parts_are_joined():
 
 def test_end_of_turn_found_from_the_template(chat_decoder):
     """The token the template writes after an assistant message is the stop id."""
-    from specdec.decoding.chat import chat_template_of, end_of_turn_ids
+    from specdec.decoding.text.chat import chat_template_of, end_of_turn_ids
 
     tokenizer = chat_decoder.codec.tokenizer
     ids = end_of_turn_ids(chat_template_of(chat_decoder), tokenizer)
@@ -173,7 +173,7 @@ def test_end_of_turn_found_from_the_template(chat_decoder):
 
 def test_chat_equals_generate_on_the_rendered_prompt(chat_decoder):
     """chat() is generate() on the rendered, special-token-aware encoding with the end-of-turn stop id."""
-    from specdec.decoding.chat import chat, chat_prompt, stream_chat
+    from specdec.decoding.text.chat import chat, chat_prompt, stream_chat
 
     prompt = chat_prompt(chat_decoder, MESSAGES)
     assert prompt.text.endswith("<extra_121>assistant\n")
@@ -188,7 +188,7 @@ def test_chat_equals_generate_on_the_rendered_prompt(chat_decoder):
 def test_chat_continues_a_final_assistant_message(chat_decoder):
     """By default a conversation ending with the assistant's message is a prefill: generate() on the prompt cut
     after its text (no end of turn, no new header); continue_final_message=False starts a new turn instead."""
-    from specdec.decoding.chat import chat, chat_prompt
+    from specdec.decoding.text.chat import chat, chat_prompt
 
     prefilled = MESSAGES + [{"role": "assistant", "content": "def add(a, b):"}]
     prompt = chat_prompt(chat_decoder, prefilled)
@@ -201,7 +201,7 @@ def test_chat_continues_a_final_assistant_message(chat_decoder):
 
 def test_end_of_turn_token_ends_the_reply(chat_decoder):
     """When the end-of-turn id is planted as a stop id, the reply ends right after it with finish "stop"."""
-    from specdec.decoding.chat import chat, chat_prompt
+    from specdec.decoding.text.chat import chat, chat_prompt
 
     prompt = chat_prompt(chat_decoder, MESSAGES)
     free = chat_decoder.generate(prompt.ids, max_new_tokens=24, num_draft_tokens=0)
@@ -214,7 +214,7 @@ def test_end_of_turn_token_ends_the_reply(chat_decoder):
 
 def test_bundle_without_template_says_so(tiny_decoder):
     """A bundle exported from a tokenizer without a template refuses chat in one line."""
-    from specdec.decoding.chat import ChatTemplateError, chat
+    from specdec.decoding.text.chat import ChatTemplateError, chat
 
     with pytest.raises(ChatTemplateError, match="has no chat template"):
         chat(tiny_decoder, MESSAGES)
@@ -227,7 +227,7 @@ def _cli(*args, stdin=""):
 
 def test_cli_generate_chat_and_interactive_chat(chat_bundle, chat_decoder):
     """`generate --chat` prints chat()'s reply; `chat` streams the same reply per turn and ends at EOF."""
-    from specdec.decoding.chat import chat
+    from specdec.decoding.text.chat import chat
 
     expected = chat(chat_decoder, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
                     max_new_tokens=12).text
@@ -248,7 +248,7 @@ def test_cli_chat_without_template_one_line(tiny_bundle):
 
 CHAT_WITHOUT_TORCH = BLOCK_TORCH + """
 from specdec import SpeculativeDecoder
-from specdec.decoding.chat import chat
+from specdec.decoding.text.chat import chat
 import specdec.serving.app
 dec = SpeculativeDecoder.load(sys.argv[1])
 res = chat(dec, [{"role": "user", "content": "hi"}], max_new_tokens=4)

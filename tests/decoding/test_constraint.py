@@ -353,8 +353,8 @@ def test_a_padded_tokenizer_compiles_tool_calls_with_its_added_markers():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     from specdec.decoding.constraint import compile_constraint
-    from specdec.decoding.text import TextCodec
-    from specdec.decoding.tools import TOOL_FORMATS, tool_call_constraint
+    from specdec.decoding.text.codec import TextCodec
+    from specdec.decoding.text.tools import TOOL_FORMATS, tool_call_constraint
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))

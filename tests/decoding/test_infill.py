@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.contract.fim import find_fim_tokens
-from specdec.decoding.infill import fim_stop_ids, infill_prompt
+from specdec.decoding.text.infill import fim_stop_ids, infill_prompt
 from specdec.decoding.request import GenerationError
 
 SPECIAL = {"<|fim_prefix|>": 1000, "<|fim_suffix|>": 1001, "<|fim_middle|>": 1002, "<|repo_name|>": 1003,

@@ -1,15 +1,15 @@
 """Tool calls: template rendering (== transformers), the call syntax table, parsing finished and streamed answers."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from specdec.decoding.chat import render_chat
-from specdec.decoding.tools import (TOOL_FORMATS, ToolCallStream, ToolError, check_tools, chosen_tools,
+from specdec.decoding.text.chat import render_chat
+from specdec.decoding.text.tools import (TOOL_FORMATS, ToolCallStream, ToolError, check_tools, chosen_tools,
                                     parse_tool_calls, tool_format_of, tool_messages)
+from paths import DATA
 
-QWEN_TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
+QWEN_TEMPLATE = (DATA / "qwen2.5_chat_template.jinja").read_text()
 QWEN = TOOL_FORMATS[0]
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts_public.json"
+PROMPTS = ROOT.parent / "shared" / "prompts_public.json"
 
 
 def _bundle(env: str, quant: str) -> Path:

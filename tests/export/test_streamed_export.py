@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tiny_models import build_noisy_copy, build_tiny_model
+from paths import DATA
 
 pytest.importorskip("torch")
-DATA = Path(__file__).parent / "data"
+DATA = DATA
 
 
 def _export(target, draft, out, **options):

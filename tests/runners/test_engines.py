@@ -9,6 +9,7 @@ from specdec.runners.memory import MemoryBudgetError, budget, check_fits
 from specdec.runners.tensorrt.profiles import ProfileLimits, build_profiles, profile_for
 from specdec.runners.tensorrt.records import DeviceInfo, EngineRecord, verified_engine
 from specdec.contract.manifest import BundleError, Manifest
+from paths import ROOT
 
 DEVICE = DeviceInfo(tensorrt_version="10.3.0", compute_capability="8.7")
 
@@ -159,8 +160,7 @@ def test_gpu_check_script_runs_on_a_gpu():
     """Runs only with -m gpu on a machine with a GPU: the prepared end-to-end check."""
     import subprocess
     import sys
-    from pathlib import Path
-
-    script = Path(__file__).parents[1] / "samples" / "gpu_check.py"
+    
+    script = ROOT / "samples" / "gpu_check.py"
     proc = subprocess.run([sys.executable, str(script), "--tiny-only"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

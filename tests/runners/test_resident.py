@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from specdec.runners.resident import file_mappings, read_rows_singly, release_read_once_pages, trim_heap
+from paths import TOOLS
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 
@@ -115,9 +116,8 @@ def test_trim_heap_runs():
 def test_the_load_memory_tool_reports_a_loaded_bundle_and_its_target_at_depth(tiny_bundle, variant):
     import subprocess
     import sys
-    from pathlib import Path
-
-    tool = Path(__file__).resolve().parent.parent / "tools" / "load_memory.py"
+    
+    tool = TOOLS / "load_memory.py"
     done = subprocess.run([sys.executable, str(tool), str(tiny_bundle), "--max-context", "256", "--depth", "100",
                            "--threads", "1", *variant], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -130,11 +130,10 @@ def test_the_load_memory_tool_reports_a_loaded_bundle_and_its_target_at_depth(ti
 def test_the_load_memory_tool_prefills_a_file_s_tokens(tiny_bundle, tmp_path):
     import subprocess
     import sys
-    from pathlib import Path
-
+    
     text = tmp_path / "prompt.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 12, encoding="utf-8")
-    tool = Path(__file__).resolve().parent.parent / "tools" / "load_memory.py"
+    tool = TOOLS / "load_memory.py"
     done = subprocess.run([sys.executable, str(tool), str(tiny_bundle), "--max-context", "256", "--threads", "1",
                            "--prefill", str(text)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

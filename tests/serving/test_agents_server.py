@@ -5,10 +5,10 @@ the tiny character tokenizer): what it says is noise, but a required call or a s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from paths import DATA
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -17,7 +17,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 MODEL = "agent"
-TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
+TEMPLATE = (DATA / "qwen2.5_chat_template.jinja").read_text()
 # the tiny tokenizer's filler ids as the template's control tokens
 TEMPLATE = TEMPLATE.replace("<|im_start|>", "<extra_121>").replace("<|im_end|>", "<extra_120>")
 WEATHER = {"type": "function", "function": {
@@ -37,8 +37,8 @@ def scripted_chat_decoder():
     from tokenizers import AddedToken
 
     from scripted import scripted_decoder
-    from specdec.decoding import chat
-    from specdec.decoding.text import TextCodec
+    from specdec.decoding.text import chat
+    from specdec.decoding.text.codec import TextCodec
     from tiny_models import VOCAB, tiny_tokenizer
 
     backend = tiny_tokenizer().backend_tokenizer
@@ -163,7 +163,7 @@ def test_bad_specs_are_400_naming_the_field(client, body, field):
 
 
 def test_python_api_chat_with_a_required_tool():
-    from specdec.decoding.tools import TOOL_FORMATS, parse_tool_calls
+    from specdec.decoding.text.tools import TOOL_FORMATS, parse_tool_calls
 
     decoder = scripted_chat_decoder()
     result = decoder.chat(ASK, tools=[WEATHER], tool_choice="required", max_new_tokens=120, logprobs=1)

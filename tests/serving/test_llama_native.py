@@ -216,7 +216,7 @@ def test_tokenize_pieces_that_are_not_utf8_are_bytes():
 
 def test_mixed_prompts_get_the_bos_only_before_a_first_text():
     """llama-server's tokenize_mixed: add_special adds the BOS when the first part is text, never later."""
-    from specdec.decoding.text import TextCodec
+    from specdec.decoding.text.codec import TextCodec
 
     fake = SimpleNamespace(encode=lambda text, special, parse: [100] * special + [ord(c) for c in text])
     assert TextCodec.encode_mixed(fake, "ab", True) == [100, 97, 98]

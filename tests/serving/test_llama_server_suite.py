@@ -8,14 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 pytest.importorskip("wget")  # the suite's utils.py imports it (the test extra installs it)
 pytest.importorskip("filelock")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT
 # tests that must pass against specdec (they pass against llama-server too)
 MUST_PASS = [
     "test_security::test_access_public_endpoint[/health]",

@@ -75,7 +75,7 @@ def test_two_replicas_answer_like_the_decoder(chat_bundle):
     statistics off): both replicas answer the OpenAI routes and the chat page, greedy answers equal dec.generate /
     chat, and Ctrl-C stops everything. (~30-60 s on 2 loaded cores: Ray start, 2 replicas loading the bundle.)"""
     from specdec import SpeculativeDecoder
-    from specdec.decoding.chat import chat
+    from specdec.decoding.text.chat import chat
 
     decoder = SpeculativeDecoder.load(chat_bundle)
     prompts = [f"def g{i}(y):" for i in range(4)]

@@ -100,7 +100,7 @@ def test_models_health_metrics(served):
 
 def test_openai_client_chat_equals_in_process(client, decoder):
     """Greedy chat through the official client (plain and streamed) is dec.chat's text, with its token counts."""
-    from specdec.decoding.chat import chat, chat_prompt
+    from specdec.decoding.text.chat import chat, chat_prompt
 
     expected = chat(decoder, MESSAGES, max_new_tokens=20)
     reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0)

@@ -91,7 +91,7 @@ def test_warm_up_then_cached_tokens_in_usage(served, reference):
     """max_tokens=0 prefills and answers at once (empty, "length"); the next request on the same messages
     reports the reused prompt tokens as usage.prompt_tokens_details.cached_tokens (plain and streamed) and
     answers exactly what a cold decoder does."""
-    from specdec.decoding.chat import chat, chat_prompt
+    from specdec.decoding.text.chat import chat, chat_prompt
 
     body = {"model": MODEL, "messages": MESSAGES, "temperature": 0}
     warm = _post(served, "/v1/chat/completions", {**body, "max_tokens": 0})

@@ -15,7 +15,8 @@ import json
 import pytest
 
 from specdec.decoding.options import GenerationOptions
-from specdec.decoding.text import TextCodec, _byte_level_alphabet
+from specdec.decoding.text.codec import TextCodec, _byte_level_alphabet
+from paths import TOOLS
 
 END_OF_TURN = "<|im_end|>"
 
@@ -311,7 +312,7 @@ def _expected_spans(codec, result, text):
 
 def _reference(decoder, route, **options):
     """``GenerationResult`` of the request in-process: ``dec.chat`` / ``dec.generate``."""
-    from specdec.decoding.chat import chat
+    from specdec.decoding.text.chat import chat
 
     if route == "chat":
         return chat(decoder, MESSAGES, max_new_tokens=40, **DRAFT_CHAIN, **options)
@@ -356,7 +357,7 @@ def test_server_spans_stop_at_the_end_of_turn(chat_decoder, server_url):
     """An answer that ends with the template's end-of-turn token (its output constrained to a short text, so the
     model must end the turn): the spans hold the text, not the end token, and match ``GenerationResult.sources``."""
     from specdec import Constraint
-    from specdec.decoding.chat import chat
+    from specdec.decoding.text.chat import chat
     from specdec.serving.jobs import merge_spans
 
     from conftest import TINY_END_OF_TURN
@@ -377,7 +378,7 @@ def test_target_only_makes_one_token_a_pass(chat_decoder, server_url):
     the target's; the prefill's passes are not counted."""
     import httpx
 
-    from specdec.decoding.chat import chat
+    from specdec.decoding.text.chat import chat
 
     body = {"model": "tiny-chat", "messages": MESSAGES, "max_tokens": 24, "temperature": 0, "token_sources": True,
             "num_draft_tokens": 0}
@@ -393,9 +394,8 @@ def test_sources_overhead_tool_runs(chat_bundle):
     """tools/sources_overhead.py on the tiny bundle: same answers with and without the field, and a ratio."""
     import subprocess
     import sys
-    from pathlib import Path
-
-    tool = Path(__file__).resolve().parents[1] / "tools" / "sources_overhead.py"
+    
+    tool = TOOLS / "sources_overhead.py"
     done = subprocess.run([sys.executable, str(tool), str(chat_bundle), "--requests", "2", "--max-tokens", "16"],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -24,8 +24,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT
 WEBUI = ROOT / "src" / "specdec" / "serving" / "webui"
 MODEL = "tiny-chat"
 PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script><b>bold</b>'

@@ -80,7 +80,7 @@ def _tasks(decoder) -> list:
     """(name, prompt token ids, stop ids): the completion as raw text, the edit through the chat template."""
     tasks = [("completion", decoder.codec.encode(COMPLETION), ())]
     try:
-        from specdec.decoding.chat import chat_prompt
+        from specdec.decoding.text.chat import chat_prompt
 
         prompt = chat_prompt(decoder, [{"role": "user", "content": EDIT}])
         tasks.append(("edit", list(prompt.ids), tuple(prompt.stop_token_ids)))

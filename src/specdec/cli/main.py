@@ -90,7 +90,7 @@ def _constraint(args):
 
 
 def cmd_generate(args) -> int:
-    from specdec.decoding.chat import chat, chat_template_of, stream_chat
+    from specdec.decoding.text.chat import chat, chat_template_of, stream_chat
     from specdec.decoding.decoder import GenerationStats
 
     options = generation_options(args, constraint=_constraint(args))
@@ -146,7 +146,7 @@ def cmd_infill(args) -> int:
 
 def cmd_chat(args) -> int:
     """Read user turns from stdin, stream each reply; the conversation accumulates until /reset or EOF."""
-    from specdec.decoding.chat import chat_template_of, stream_chat
+    from specdec.decoding.text.chat import chat_template_of, stream_chat
 
     options = generation_options(args)
     decoder = _load(args)

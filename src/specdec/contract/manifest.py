@@ -188,7 +188,7 @@ class ModelSpec:
         return ModelSpec(**checked)
 
 
-# One line per ModelSpec field (a new field needs a line here; tests/test_bundle_integrity.py checks it).
+# One line per ModelSpec field (a new field needs a line here; tests/contract/test_bundle_integrity.py checks it).
 MODEL_FIELDS = {
     "role": one_of(ROLES),
     "architecture": text,

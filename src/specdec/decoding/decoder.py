@@ -45,7 +45,7 @@ from specdec.decoding.request import GenerationResult, GenerationStats, Limits, 
 from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
-from specdec.decoding.text import TextCodec
+from specdec.decoding.text.codec import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
 from specdec.runners.resident import release_after_load, trim_heap
 from specdec.runners.row_parity import DEEP, WIDTHS, exact_width, row_gaps
@@ -337,7 +337,7 @@ class SpeculativeDecoder:
     def infill_prompt(self, prefix: str, suffix: str, *, extra=(), prompt: str = "", max_new_tokens: int = 128,
                       tree=None) -> list:
         """The token ids ``infill`` would decode from (fitted to the context)."""
-        from specdec.decoding.infill import fim_tokens, infill_prompt
+        from specdec.decoding.text.infill import fim_tokens, infill_prompt
 
         longest = MAX_TREE_NODES if tree is not None else MAX_DRAFT_TOKENS
         room = self.max_context - max_new_tokens - longest - 1 if isinstance(max_new_tokens, int) else None
@@ -345,7 +345,7 @@ class SpeculativeDecoder:
 
     def infill_request(self, prefix: str, suffix: str, options: GenerationOptions, extra=(), prompt: str = "") -> tuple:
         """(the FIM prompt's token ids, ``options`` that also stop at the FIM markers)."""
-        from specdec.decoding.infill import fim_stop_ids, fim_tokens
+        from specdec.decoding.text.infill import fim_stop_ids, fim_tokens
 
         ids = self.infill_prompt(prefix, suffix, extra=extra, prompt=prompt, max_new_tokens=options.max_new_tokens,
                                  tree=options.tree)
@@ -390,13 +390,13 @@ class SpeculativeDecoder:
     def chat(self, messages, options: GenerationOptions | None = None, **changes) -> GenerationResult:
         """``generate`` on the bundle's chat template around ``messages``; stops at the end-of-turn token.
         Chat's own keywords (``tools``, ``tool_choice``, ``template_variables``): decoding/text/chat.py."""
-        from specdec.decoding.chat import chat
+        from specdec.decoding.text.chat import chat
 
         return chat(self, messages, options, **changes)
 
     def stream_chat(self, messages, options: GenerationOptions | None = None, **changes) -> "TextStream":
         """``stream`` on the bundle's chat template around ``messages``."""
-        from specdec.decoding.chat import stream_chat
+        from specdec.decoding.text.chat import stream_chat
 
         return stream_chat(self, messages, options, **changes)
 

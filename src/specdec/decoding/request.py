@@ -19,7 +19,7 @@ import numpy as np
 from specdec.contract.limits import AUTO_MAX_DRAFT_TOKENS, MAX_SEED, MAX_TREE_NODES
 from specdec.decoding.options import (ContextLengthError, GenerationError, GenerationOptions, check_text,  # noqa: F401
                                       is_int)
-from specdec.decoding.text import StopStrings, TextCodec
+from specdec.decoding.text.codec import StopStrings, TextCodec
 from specdec.decoding.tree import AUTO_TREE_BUDGET, tree_size
 from specdec.sampling.coupling import PositionNoise
 from specdec.sampling.processors import SamplingConfig

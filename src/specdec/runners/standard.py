@@ -101,7 +101,7 @@ def session_options(threads: int | None = None):
     options.enable_mem_pattern = False
     # Weights are prepacked (MatMulNBits', MatMulInteger's layouts) by the thread pool, not one thread: the real
     # pair's two sessions and tokenizer loaded in 2.3 s instead of 4.0-4.1 s (2-core Xeon, onnxruntime 1.32); the
-    # packed bytes are the same (tests/test_loader.py compares the logits bit for bit)
+    # packed bytes are the same (tests/runners/test_loader.py compares the logits bit for bit)
     options.add_session_config_entry("session.prepack.enable_parallel", "1")
     if _GLOBAL_POOL["ok"]:
         options.use_per_session_threads = False

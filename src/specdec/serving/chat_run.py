@@ -19,7 +19,7 @@ from fastapi import Request
 
 from specdec.decoding.constraint import Constraint
 from specdec.decoding.options import GenerationError, GenerationOptions
-from specdec.decoding.tools import ToolCall
+from specdec.decoding.text.tools import ToolCall
 from specdec.serving.jobs import Done, Engine, Prepared
 from specdec.serving.turns import ChatTurn, TurnOutput, chat_turn
 from specdec.serving.wire import option_error

@@ -2,7 +2,7 @@
 required call puts on the output, and the split of the answer into text and tool calls.
 
 Every chat dialect (OpenAI chat completions, the Responses API, Anthropic Messages) first turns its own
-messages and tools into OpenAI-style dicts (what the chat template renders, decoding/chat.py); from there
+messages and tools into OpenAI-style dicts (what the chat template renders, decoding/text/chat.py); from there
 ``chat_turn`` is one code path. Failures are ``GenerationError``s naming the neutral field (``messages``,
 ``tools``, ``tool_choice``, ``constraint``) for the dialect to rename. Boundary: no HTTP, no wire shapes.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.decoding.chat import ChatTemplateError, chat_prompt, chat_template_of
+from specdec.decoding.text.chat import ChatTemplateError, chat_prompt, chat_template_of
 from specdec.decoding.constraint import Constraint, ConstraintError
 from specdec.decoding.options import GenerationError
-from specdec.decoding.tools import (TOOL_FORMATS, ToolCallStream, ToolError, chosen_tools, parse_tool_calls,
+from specdec.decoding.text.tools import (TOOL_FORMATS, ToolCallStream, ToolError, chosen_tools, parse_tool_calls,
                                     tool_call_constraint, tool_format_of)
 
 
@@ -22,7 +22,7 @@ from specdec.decoding.tools import (TOOL_FORMATS, ToolCallStream, ToolError, cho
 class ChatTurn:
     ids: list  # the rendered conversation's token ids
     stop_token_ids: tuple  # the template's end of turn
-    form: object = None  # the template's tool-call syntax (decoding/tools.py), when a tool may be called
+    form: object = None  # the template's tool-call syntax (decoding/text/tools.py), when a tool may be called
     names: tuple = ()  # the callable tools' names
     constraint: Constraint | None = None  # the grammar of a required call
 
@@ -40,7 +40,7 @@ def chat_turn(decoder, messages: list, tools: list | None = None, tool_choice=No
     whose call is required has none, so it is set aside then (an agent sends its final answer's format on every
     turn). ``constraint`` (a grammar) constrains the whole output: a required call cannot be combined with it.
     At most one of the two is given. ``continue_final``: continue a final assistant message (None: when there is
-    one, as llama-server and Anthropic's API do; decoding/chat.py's ``chat_prompt``)."""
+    one, as llama-server and Anthropic's API do; decoding/text/chat.py's ``chat_prompt``)."""
     tools = list(tools or [])
     try:
         usable, required = chosen_tools(tools, tool_choice)

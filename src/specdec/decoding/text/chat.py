@@ -181,7 +181,7 @@ def render_chat(template: ChatTemplate | str, messages, add_generation_prompt: b
 
     ``tools``: OpenAI-style function specs, passed to the template as transformers'
     ``apply_chat_template(..., tools=...)`` does; an assistant message's ``tool_calls`` arguments given as
-    JSON text are passed as objects (decoding/tools.py)."""
+    JSON text are passed as objects (decoding/text/tools.py)."""
     if continue_final_message:
         return _continued(template, messages, tools, variables)
     return _render(template, messages, add_generation_prompt, tools, variables)
@@ -210,7 +210,7 @@ def _continued(template, messages, tools, variables) -> str:
 
 
 def _render(template: ChatTemplate | str, messages, add_generation_prompt: bool, tools, variables: dict) -> str:
-    from specdec.decoding.tools import tool_messages
+    from specdec.decoding.text.tools import tool_messages
     jinja2 = _jinja()
 
     if isinstance(template, str):
@@ -304,8 +304,8 @@ def chat(decoder, messages, options=None, *, template_variables: dict | None = N
     """``decoder.generate`` on the rendered conversation, stopping at the end of the assistant's turn.
 
     ``options`` / ``changes``: generate's (a GenerationOptions, or keywords; ``stop_token_ids`` add to the turn's
-    end). ``tools`` / ``tool_choice``: OpenAI's (decoding/tools.py); "required" or a named function constrains the
-    answer to calls; ``specdec.decoding.tools.parse_tool_calls`` reads them."""
+    end). ``tools`` / ``tool_choice``: OpenAI's (decoding/text/tools.py); "required" or a named function constrains the
+    answer to calls; ``specdec.decoding.text.tools.parse_tool_calls`` reads them."""
     prompt, options = chat_request(decoder, messages, options, template_variables, tools, tool_choice, changes)
     stream = decoder.stream(prompt.ids, options, stats=stats)
     from specdec.decoding.request import GenerationResult
@@ -328,7 +328,7 @@ def chat_request(decoder, messages, options=None, template_variables=None, tools
     """(the rendered ``ChatPrompt``, the GenerationOptions to decode it with: stopping at the turn's end, and
     constrained to tool calls when ``tool_choice`` requires one)."""
     from specdec.decoding.options import GenerationOptions
-    from specdec.decoding.tools import ToolError, check_tools, chosen_tools, tool_call_constraint, tool_format_of
+    from specdec.decoding.text.tools import ToolError, check_tools, chosen_tools, tool_call_constraint, tool_format_of
 
     options = GenerationOptions.build(options, **(changes or {}))
     try:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from specdec.contract.fim import find_fim_tokens
 from specdec.decoding.request import GenerationError, check_text
-from specdec.decoding.text import TextCodec
+from specdec.decoding.text.codec import TextCodec
 
 REPO_NAME = "myproject"  # llama.cpp's fixed project name
 CURRENT_FILE = "filename"  # llama.cpp's name for the file being edited

@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from specdec.decoding.options import GenerationError
-from specdec.decoding.tools import ToolCall
+from specdec.decoding.text.tools import ToolCall
 from specdec.serving.answers import specdec_fields
 from specdec.serving.chat_run import Conversation, render, start_chat
 from specdec.serving.dialects.anthropic_models import (ChooseAny, ChooseAuto, ChooseNone, CountTokensRequest,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from specdec.decoding.infill import fim_stop_ids, fim_tokens
+from specdec.decoding.text.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.serving.answers import logprob_entry, specdec_fields, timings
 from specdec.serving.dialects import llama_info, llama_slots
@@ -213,7 +213,7 @@ class Completion(Generation):
 
 
 class Infill(Generation):
-    """``POST /infill``: the prompt laid out as llama-server lays it (decoding/infill.py); the middle ends at EOS or
+    """``POST /infill``: the prompt laid out as llama-server lays it (decoding/text/infill.py); the middle ends at EOS or
     at the tokenizer's FIM markers."""
 
     async def create(self, body: InfillRequest, request: Request):

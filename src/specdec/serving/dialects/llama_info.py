@@ -75,7 +75,7 @@ class Props:
         self.engine, self.server = engine, server
 
     async def get(self):
-        from specdec.decoding.chat import ChatTemplateError, chat_template_of
+        from specdec.decoding.text.chat import ChatTemplateError, chat_template_of
         from specdec.decoding.proposers import proposer_names
         from specdec.serving.dialects.llama_models import LlamaGeneration
 

@@ -196,7 +196,7 @@ class Completions:
 
 class Chat:
     """``POST /v1/chat/completions``: the bundle's chat template around the messages; ``tools`` rendered by the
-    template, the model's calls parsed (decoding/tools.py) into ``tool_calls``."""
+    template, the model's calls parsed (decoding/text/tools.py) into ``tool_calls``."""
 
     def __init__(self, engine: Engine, server):
         self.engine, self.server = engine, server

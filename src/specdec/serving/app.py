@@ -35,7 +35,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.serving import webui
-from specdec.serving.dialects import DIALECTS
+from specdec.serving.dialects import dialects
 from specdec.serving.jobs import Engine
 from specdec.serving.metrics import Metrics
 from specdec.serving.pool import DecoderPool, PoolOptions
@@ -178,7 +178,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     for path in ("/health", "/v1/health"):
         app.add_api_route(path, health, methods=["GET"])
     app.add_api_route("/metrics", prometheus, methods=["GET"])
-    for dialect in DIALECTS:
+    for dialect in dialects():
         dialect.mount(app, engine, options)
     if options.webui:
         webui.mount(app, options.webui_dir)
@@ -187,7 +187,7 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
 
 def _error_shape(path: str):
     """The error writer of the dialect that owns ``path`` (OpenAI's shape unless a dialect claims the path)."""
-    for dialect in DIALECTS:
+    for dialect in dialects():
         owns = getattr(dialect, "owns_errors", None)
         if owns is not None and owns(path):
             return dialect.error_response

@@ -33,6 +33,8 @@ from specdec.serving.jobs import Done, Engine
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, generation_options, option_error, sse
 
+RANK = 30  # where this dialect mounts among the others (serving/dialects/__init__.py)
+
 PATH = "/v1/messages"
 # decoder option -> the Messages field that carries it
 NAMES = {"max_new_tokens": "max_tokens", "prompt": "messages", "messages": "messages", "stop": "stop_sequences",

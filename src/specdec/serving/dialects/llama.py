@@ -27,6 +27,8 @@ from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, logit_bias_pairs, option_error, sampling_config, sse
 
+RANK = 40  # where this dialect mounts among the others (serving/dialects/__init__.py)
+
 INFILL_RESERVE = 256  # tokens an /infill with n_predict=-1 keeps free for the middle (at most a quarter of the context)
 
 # decoder option -> llama-server's field

@@ -28,6 +28,8 @@ from specdec.serving.jobs import Done, Engine, Piece
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, generation_options, option_error, sse
 
+RANK = 10  # where this dialect mounts among the others (serving/dialects/__init__.py)
+
 try:
     VERSION = version("specdec")
 except PackageNotFoundError:  # run from a source tree that was never installed

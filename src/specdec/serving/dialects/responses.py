@@ -35,6 +35,8 @@ from specdec.serving.jobs import Done, Engine
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, generation_options, option_error, sse
 
+RANK = 20  # where this dialect mounts among the others (serving/dialects/__init__.py)
+
 # decoder option -> the Responses field that carries it
 NAMES = {"max_new_tokens": "max_output_tokens", "prompt": "input", "messages": "input", "constraint": "text.format"}
 STORE_ENTRIES = 1024  # responses kept for previous_response_id

@@ -15,7 +15,7 @@ import pytest
 
 import fake_nvidia
 from specdec import SpeculativeDecoder
-from specdec.runners.tensorrt import tensorrt_runners
+from specdec.runners.tensorrt.runner import tensorrt_runners
 from specdec.runners.tensorrt.profiles import ProfileLimits
 from specdec.runners.tensorrt.runner import TensorRTRunner
 from specdec.contract.manifest import Manifest

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from specdec.runners.backends import backend_names
+
 
 def _draft_tokens(value: str):
     return value if value == "auto" else int(value)
@@ -50,7 +52,8 @@ def generation_options(args, **changes):
 
 
 def add_load_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "tensorrt-native"])
+    parser.add_argument("--provider", default="cpu", choices=backend_names(),
+                        help="where the bundle runs (runners/backends/; default: cpu)")
     parser.add_argument("--max-context", type=int, default=None, help="KV cache size in tokens (default: the model's trained context, capped by free memory; "
                              "the choice is logged)")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")

@@ -35,6 +35,7 @@ from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, ca
                                                 load_row_checks, machine_key, save_costs, save_row_checks)
 from specdec.decoding.forms import choose_form
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
+from specdec.runners.backends import backend
 from specdec.runners.factory import backend_for, make_runner
 from specdec.runners.standard import DEFERRED
 from specdec.decoding.prompt_cache import PromptCache
@@ -148,15 +149,15 @@ class SpeculativeDecoder:
                        max_context, caches=kv_caches)
         identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         form = None  # the target's weight form, when the bundle carries several
-        backend = backend_for(provider)
+        bundle_runners = backend_for(provider)
         with ThreadPoolExecutor(1) as background:
             # the tokenizer on a thread while the target's session is made here (onnxruntime packs the weights with
             # the GIL released); the draft's session on a thread of its own once the target's is made: load returns
             # (a server answers /health) while the draft's weights are still being packed, and a pass of the draft
             # waits for them (runners/sessions.py)
             codec = background.submit(TextCodec, inside(root, manifest.tokenizer_file))
-            if backend is not None:  # a backend that builds the bundle's runners itself (TensorRT's engines)
-                runners = backend(root, manifest, max_context)
+            if bundle_runners is not None:  # a backend that builds the bundle's runners itself (TensorRT's engines)
+                runners = bundle_runners(root, manifest, max_context)
             else:
                 form, target_file = choose_form(root, manifest.target, identity, provider, threads, weight_form)
                 files = {"target": target_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft else {})
@@ -598,7 +599,7 @@ class TextStream:
 def _free_memory(provider: str) -> int | None:
     """Bytes a load may take: host RAM available, or the GPU's free memory for the GPU providers (None: unknown)."""
     available = available_host_memory()
-    if provider in ("cuda", "tensorrt", "tensorrt-native"):
+    if backend(provider).device_memory:
         try:
             from specdec.runners.cuda_memory import free_device_memory
 

@@ -3,8 +3,8 @@ that build all of a bundle's runners themselves (TensorRT's engines), by provide
 
 ``make_runner`` picks FoldedRunner (runners/folded.py: folded attention), FusedRunner (runners/fused.py:
 GroupQueryAttention on a shared KV buffer) or ModelRunner (runners/standard.py: the standard form).
-``backend_for(provider)`` answers a whole-bundle backend, imported only when that provider is asked for: the
-runtime never imports the engines package otherwise (``BACKENDS`` names where each one lives).
+``backend_for(provider)`` answers a whole-bundle backend (runners/backends/: a ``Backend`` with ``bundle_runners``),
+imported only when that provider is asked for: the runtime never imports the engines package otherwise.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from __future__ import annotations
 import importlib
 
 from specdec.contract.manifest import ModelSpec
+from specdec.runners.backends import backend
 from specdec.runners.folded import FoldedRunner
 from specdec.runners.fused import FusedRunner
 from specdec.runners.standard import ModelRunner
-
-# provider name -> "module:function" of a factory(bundle_root, manifest, max_context) -> {role: Runner}
-BACKENDS = {"tensorrt-native": "specdec.runners.tensorrt.runner:tensorrt_runners"}
-
 
 def runner_class(spec: ModelSpec) -> type:
     """The onnxruntime runner of ``spec``'s graph form."""
@@ -37,7 +34,7 @@ def make_runner(onnx_path: str, spec: ModelSpec, provider: str, max_context: int
 
 def backend_for(provider: str):
     """The whole-bundle runner factory registered for ``provider``, or None (onnxruntime's runners, per model)."""
-    where = BACKENDS.get(provider)
+    where = backend(provider).bundle_runners
     if where is None:
         return None
     module, name = where.split(":")

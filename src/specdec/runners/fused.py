@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.contract.manifest import LOGIT_ROWS, BundleError, ModelSpec
+from specdec.runners.backends import backend, backends
 from specdec.runners.kv_store import cache_zeros
 from specdec.runners.standard import attach_session, bind_array, providers_for
 from specdec.runners.sessions import SessionRunner
@@ -28,14 +29,15 @@ BLOCKED = np.finfo(np.float32).min
 
 
 def check_fused_provider(spec: ModelSpec, provider: str) -> None:
-    """The fused form runs on onnxruntime's CPU provider only (this runner's host-side shared cache)."""
-    if provider in ("tensorrt", "tensorrt-native"):
-        raise BundleError(f"the {spec.role} graph is the fused onnxruntime form (GroupQueryAttention), which TensorRT "
-                          "cannot run: export the bundle with --graph standard for TensorRT")
-    providers_for(provider)  # an unknown provider or a missing package is reported as for the standard form
-    if provider != "cpu":
-        raise BundleError(f"the {spec.role} graph is the fused form, which specdec runs on provider cpu only: "
-                          f"export with --graph standard for provider {provider}")
+    """The fused form runs only where its backend says so (runners/backends/: onnxruntime's CPU provider, this
+    runner's host-side shared cache); elsewhere the bundle must be exported in the standard form."""
+    entry = backend(provider)  # an unknown provider is reported as for the standard form
+    if not entry.fused_form:
+        where = ", ".join(name for name, other in backends().items() if other.fused_form)
+        raise BundleError(f"the {spec.role} graph is the fused onnxruntime form (GroupQueryAttention), which specdec "
+                          f"runs on provider {where} only: export the bundle with --graph standard for provider "
+                          f"{provider}")
+    providers_for(provider)  # a missing package is reported as for the standard form
 
 
 def _tree_at_slot_zero(positions: np.ndarray, past: int) -> bool:

@@ -13,43 +13,40 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.runners.backends import backend
 from specdec.runners.kv_store import DeviceKV, HostKV
 from specdec.contract.manifest import BundleError, ModelSpec, check_graph
 from specdec.runners.runner import Runner
 from specdec.runners.sessions import SessionHolder, SessionRunner
 
-# The CUDA arena grows only by what is requested (no power-of-two jumps): on Jetson's unified memory
-# the default strategy can take memory the CPU side needs.
-_CUDA = ("CUDAExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})
-PROVIDERS = {
-    "cpu": ["CPUExecutionProvider"],
-    "cuda": [_CUDA, "CPUExecutionProvider"],
-    "tensorrt": [("TensorrtExecutionProvider", {"trt_max_workspace_size": 1 << 30}), _CUDA, "CPUExecutionProvider"],
-}
 _NUMPY_KV = {"float32": np.float32, "float16": np.float16}
 
 
 def providers_for(provider: str) -> list:
+    """onnxruntime's execution providers for ``provider`` (runners/backends/), checked against the installed
+    onnxruntime: a one-line ValueError for an unknown name, a backend with no onnxruntime session, or a missing
+    provider (with what to install)."""
     import onnxruntime as ort
 
-    if provider not in PROVIDERS:
-        raise ValueError(f"provider {provider!r} is not one of {', '.join(PROVIDERS)}, tensorrt-native")
-    wanted = PROVIDERS[provider][0]
+    entry = backend(provider)
+    if not entry.providers:
+        raise ValueError(f"provider {provider} builds its own runners and makes no onnxruntime session")
+    wanted = entry.providers[0]
     wanted = wanted[0] if isinstance(wanted, tuple) else wanted
     if wanted not in ort.get_available_providers():
-        raise ValueError(f"provider {provider} requested but onnxruntime has no {wanted}: {_provider_fix(provider)}")
-    return PROVIDERS[provider]
+        raise ValueError(f"provider {provider} requested but onnxruntime has no {wanted}: {_provider_fix(entry)}")
+    return list(entry.providers)
 
 
-def _provider_fix(provider: str) -> str:
+def _provider_fix(entry) -> str:
     """What to do about a missing provider. Both onnxruntime wheels write the same ``onnxruntime`` package: with the
     CPU wheel installed beside onnxruntime-gpu (specdec requires onnxruntime, the [gpu] extra adds the other), the
     CPU wheel's files can shadow the GPU one's, and the import has no CUDA provider although onnxruntime-gpu is
     installed."""
     from importlib import metadata
 
-    if provider not in ("cuda", "tensorrt"):
-        return "install onnxruntime"
+    if not entry.device_memory:
+        return entry.missing
     installed = set()
     for name in ("onnxruntime", "onnxruntime-gpu"):
         try:
@@ -61,7 +58,7 @@ def _provider_fix(provider: str) -> str:
         return ("both onnxruntime (the CPU wheel) and onnxruntime-gpu are installed and the CPU wheel's files shadow "
                 "the GPU one's: pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu "
                 "(docs/nvidia.md)")
-    return "install onnxruntime-gpu" + (" (and TensorRT)" if provider == "tensorrt" else "")
+    return entry.missing
 
 
 _GLOBAL_POOL: dict = {}
@@ -130,7 +127,7 @@ class ModelRunner(SessionRunner, Runner):
         kv_dtype = _NUMPY_KV[spec.kv_dtype]
         self.kv_dtype = np.dtype(kv_dtype)
         # CUDA / TensorRT execution providers keep the cache on the device; only logits come back
-        store = DeviceKV if provider in ("cuda", "tensorrt") else HostKV
+        store = DeviceKV if backend(provider).device_memory else HostKV
         self.kv = store(spec.num_layers, max_context, spec.num_kv_heads, spec.head_dim, kv_dtype)
         self.cache = getattr(self.kv, "array", None)  # the host array (HostKV), for inspection
         self._slot_bytes = None if self.cache is None else self.cache.nbytes // max_context

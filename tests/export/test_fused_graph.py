@@ -273,8 +273,13 @@ def test_greedy_speculative_equals_target_only_on_a_fused_pair(tiny_bundle):
         assert result.token_ids == baseline.token_ids, tree
 
 
-def test_fused_bundles_are_refused_for_tensorrt(tiny_bundle):
-    """TensorRT (engines/ and the tensorrt providers) refuses a fused bundle with one clear line."""
+def test_fused_bundles_are_refused_for_tensorrt(tiny_bundle, monkeypatch):
+    """TensorRT (engines/ and the tensorrt providers) refuses a fused bundle with one clear line, where its packages
+    are installed (faked here: without them the missing package is the line, tests/cli/test_runtime_cli.py)."""
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
     from specdec.runners.tensorrt.records import require_standard_form
     from specdec.runners.tensorrt.build import check_engine_ready
 

@@ -80,13 +80,17 @@ def test_without_the_module_the_name_is_a_one_line_error(capsys):
     assert "--provider: invalid choice: 'cpu-copy'" in capsys.readouterr().err
 
 
-def test_the_fused_form_runs_only_where_its_backend_says(tiny_bundle, with_new_modules):
+def test_the_fused_form_runs_only_where_its_backend_says(tiny_bundle, with_new_modules, monkeypatch):
+    import onnxruntime
     from specdec.contract.manifest import Manifest
     from specdec.runners.factory import runner_class
 
     spec = Manifest.read(tiny_bundle).target
     assert spec.graph == "fused"
     runner_class(spec)(str(tiny_bundle / spec.onnx_file), spec, "cpu-copy", 64, 8)
+    with pytest.raises(ValueError, match="provider cuda requested but onnxruntime has no CUDAExecutionProvider"):
+        runner_class(spec)(str(tiny_bundle / spec.onnx_file), spec, "cuda", 64, 8)  # the missing package first
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with pytest.raises(BundleError, match="runs on provider cpu, cpu-copy only: export the bundle with --graph "
                                           "standard for provider cuda"):
         runner_class(spec)(str(tiny_bundle / spec.onnx_file), spec, "cuda", 64, 8)

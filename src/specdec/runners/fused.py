@@ -32,12 +32,13 @@ def check_fused_provider(spec: ModelSpec, provider: str) -> None:
     """The fused form runs only where its backend says so (runners/backends/: onnxruntime's CPU provider, this
     runner's host-side shared cache); elsewhere the bundle must be exported in the standard form."""
     entry = backend(provider)  # an unknown provider is reported as for the standard form
+    if entry.providers:
+        providers_for(provider)  # a missing package first, as for the standard form: nothing runs without it
     if not entry.fused_form:
         where = ", ".join(name for name, other in backends().items() if other.fused_form)
         raise BundleError(f"the {spec.role} graph is the fused onnxruntime form (GroupQueryAttention), which specdec "
                           f"runs on provider {where} only: export the bundle with --graph standard for provider "
                           f"{provider}")
-    providers_for(provider)  # a missing package is reported as for the standard form
 
 
 def _tree_at_slot_zero(positions: np.ndarray, past: int) -> bool:

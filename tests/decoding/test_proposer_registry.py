@@ -3,6 +3,7 @@
 folder added to the package's search path; greedy output stays target-only's whatever it proposes."""
 
 import pytest
+from package_extension import package_with
 
 import specdec.decoding.proposers as proposers
 from specdec import GenerationError
@@ -29,11 +30,8 @@ PROPOSER = ProposerEntry("repeat", RepeatLast, "the last token again (a test pro
 
 @pytest.fixture
 def with_new_module(tmp_path, monkeypatch):
-    (tmp_path / "repeat_last.py").write_text(MODULE)
-    monkeypatch.setattr(proposers, "__path__", [*proposers.__path__, str(tmp_path)])
-    proposers.proposer_entries.cache_clear()
-    yield
-    proposers.proposer_entries.cache_clear()
+    with package_with(monkeypatch, proposers, proposers.proposer_entries, tmp_path, {"repeat_last.py": MODULE}):
+        yield
 
 
 def test_a_new_module_is_a_proposer_with_target_only_output(with_new_module):
@@ -65,18 +63,13 @@ def test_defaults_and_tree_support_are_the_registry_s(tmp_path, monkeypatch):
     assert proposers.default_proposer(True, None) == "hybrid"
     assert proposers.default_proposer(False, None) == "suffix"
     assert proposers.default_proposer(True, [2, 1]) == "draft"
-    (tmp_path / "repeat_default.py").write_text(MODULE.replace('rank=50)', 'rank=-1, default_with_draft=True, '
-                                                                       'default_without_draft=True)'))
-    monkeypatch.setattr(proposers, "__path__", [*proposers.__path__, str(tmp_path)])
-    proposers.proposer_entries.cache_clear()
-    try:
+    default = MODULE.replace('rank=50)', 'rank=-1, default_with_draft=True, default_without_draft=True)')
+    with package_with(monkeypatch, proposers, proposers.proposer_entries, tmp_path, {"repeat_default.py": default}):
         assert proposers.default_proposer(True, None) == proposers.default_proposer(False, None) == "repeat"
         result = scripted_decoder().generate([3, 4, 4, 4, 5], max_new_tokens=12, num_draft_tokens=2)
         assert set(result.stats.rounds_by_source) == {"repeat"}
         with pytest.raises(GenerationError, match='proposer="draft"'):
             scripted_decoder().generate([3, 4], max_new_tokens=4, proposer="repeat", tree=[2, 1])
-    finally:
-        proposers.proposer_entries.cache_clear()
 
 
 def test_the_decoder_and_the_options_name_no_proposer():

@@ -5,6 +5,7 @@ nothing else edited. Shown with a module written to a temporary folder added to 
 from __future__ import annotations
 
 import pytest
+from package_extension import package_with
 
 import specdec.runners.backends as backends
 from specdec.contract.manifest import BundleError
@@ -39,13 +40,10 @@ BACKEND = Backend("whole-bundle", "a backend that builds every runner itself (a 
 
 @pytest.fixture
 def with_new_modules(tmp_path, monkeypatch):
-    (tmp_path / "cpu_copy.py").write_text(MODULE)
-    (tmp_path / "whole_bundle.py").write_text(BUNDLE_MODULE)
-    monkeypatch.setattr(backends, "__path__", [*backends.__path__, str(tmp_path)])
     monkeypatch.syspath_prepend(str(tmp_path))  # bundle_runners names "whole_bundle:copy_runners"
-    backends.backends.cache_clear()
-    yield
-    backends.backends.cache_clear()
+    with package_with(monkeypatch, backends, backends.backends, tmp_path,
+                      {"cpu_copy.py": MODULE, "whole_bundle.py": BUNDLE_MODULE}):
+        yield
 
 
 def test_the_four_backends_are_found_in_rank_order():

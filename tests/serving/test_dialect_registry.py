@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("fastapi")
-from fastapi.responses import JSONResponse  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
+from package_extension import package_with  # noqa: E402
 
 import specdec.serving.dialects as dialects  # noqa: E402
 
@@ -50,11 +50,8 @@ def _app():
 
 @pytest.fixture
 def with_new_module(tmp_path, monkeypatch):
-    (tmp_path / "echo_dialect.py").write_text(MODULE)
-    monkeypatch.setattr(dialects, "__path__", [*dialects.__path__, str(tmp_path)])
-    dialects.dialects.cache_clear()
-    yield
-    dialects.dialects.cache_clear()
+    with package_with(monkeypatch, dialects, dialects.dialects, tmp_path, {"echo_dialect.py": MODULE}):
+        yield
 
 
 def test_the_four_dialects_are_found_in_rank_order():
@@ -77,4 +74,3 @@ def test_without_the_module_the_route_does_not_exist():
     dialects.dialects.cache_clear()
     with TestClient(_app()) as client:
         assert client.get("/echo", params={"text": "hello"}).status_code == 404
-    assert JSONResponse  # the module's import works without the dialect

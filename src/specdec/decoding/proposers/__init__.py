@@ -14,10 +14,9 @@ records every proposer shares; ``make_proposer`` builds the one a request asks f
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from functools import lru_cache
 
+from specdec.contract.package_modules import package_modules
 from specdec.decoding.proposers.base import (Proposal, Proposer, ProposerEntry, ProposerResources, RoundInput,
                                              RoundResult, chain)
 
@@ -28,12 +27,8 @@ __all__ = ["Proposal", "Proposer", "ProposerEntry", "ProposerResources", "RoundI
 @lru_cache(maxsize=1)
 def proposer_entries() -> dict:
     """name -> ProposerEntry of every proposer module in this package, in their declared order."""
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        entry = getattr(module, "PROPOSER", None)
-        if isinstance(entry, ProposerEntry):
-            found.append(entry)
+    found = [module.PROPOSER for module in package_modules(__name__, __path__)
+             if isinstance(getattr(module, "PROPOSER", None), ProposerEntry)]
     return {entry.name: entry for entry in sorted(found, key=lambda entry: (entry.rank, entry.name))}
 
 

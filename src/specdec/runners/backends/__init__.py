@@ -16,10 +16,10 @@ The NVIDIA backends have never run on a GPU here: their registry entries and ref
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from functools import lru_cache
+
+from specdec.contract.package_modules import package_modules
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,8 @@ class Backend:
 @lru_cache(maxsize=1)
 def backends() -> dict:
     """name -> Backend of every backend module in this package, in rank order."""
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        entry = getattr(importlib.import_module(f"{__name__}.{info.name}"), "BACKEND", None)
-        if isinstance(entry, Backend):
-            found.append(entry)
+    found = [module.BACKEND for module in package_modules(__name__, __path__)
+             if isinstance(getattr(module, "BACKEND", None), Backend)]
     return {entry.name: entry for entry in sorted(found, key=lambda entry: (entry.rank, entry.name))}
 
 

@@ -15,17 +15,14 @@ OpenAI's also has ``owns_errors(path)`` and ``error_response(status, message, ..
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from functools import lru_cache
+
+from specdec.contract.package_modules import package_modules
 
 
 @lru_cache(maxsize=1)
 def dialects() -> tuple:
     """Every dialect module of this package, in ``RANK`` order."""
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if isinstance(getattr(module, "RANK", None), int) and callable(getattr(module, "mount", None)):
-            found.append(module)
+    found = [module for module in package_modules(__name__, __path__)
+             if isinstance(getattr(module, "RANK", None), int) and callable(getattr(module, "mount", None))]
     return tuple(sorted(found, key=lambda module: (module.RANK, module.__name__)))

@@ -11,7 +11,7 @@ pytest.importorskip("onnx")
 
 
 def _tool():
-    path = TOOLS / "kernel_curve.py"
+    path = TOOLS / "measure" / "kernel_curve.py"
     spec = importlib.util.spec_from_file_location("kernel_curve", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -32,11 +32,11 @@ def test_kernel_curve_prints_one_row_per_kernel(tmp_path, monkeypatch, capsys):
 
 
 def test_pass_widths_times_each_width_beside_the_calibration(tiny_bundle, tmp_path, capsys):
-    """tools/pass_widths.py on the tiny bundle: one row per pass width the runs used, each with the stored and
+    """tools/measure/pass_widths.py on the tiny bundle: one row per pass width the runs used, each with the stored and
     the fresh calibration's ratio; the one-token row is 1.00x in every column."""
     import json
 
-    path = TOOLS / "pass_widths.py"
+    path = TOOLS / "measure" / "pass_widths.py"
     spec = importlib.util.spec_from_file_location("pass_widths", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
@@ -52,12 +52,12 @@ def test_pass_widths_times_each_width_beside_the_calibration(tiny_bundle, tmp_pa
 
 
 def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path, capsys):
-    """tools/draft_agreement.py on the tiny bundle given twice: four (target, draft) pairings, all equal since the
+    """tools/measure/draft_agreement.py on the tiny bundle given twice: four (target, draft) pairings, all equal since the
     bundles are one; a target agrees with itself everywhere, while the tiny random draft does not (a tool that
     compared a role with itself would report 1.0 there); a text shorter than one context is a usage error."""
     import json
 
-    path = TOOLS / "draft_agreement.py"
+    path = TOOLS / "measure" / "draft_agreement.py"
     spec = importlib.util.spec_from_file_location("draft_agreement", path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

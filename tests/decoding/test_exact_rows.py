@@ -46,7 +46,7 @@ def test_the_check_sees_a_one_row_pass_that_rounds_differently_and_padding_cures
     runner = OneRowRounding(ScriptedModel(16, 3))
     assert check_one_row(runner) is False
     assert runner.length == 0  # the check leaves the cache empty
-    gaps = row_gaps(runner)  # what tools/rows_check.py prints
+    gaps = row_gaps(runner)  # what tools/check/rows_check.py prints
     assert gaps["one_row"] > 0.0 and gaps["two_rows"] == 0.0
     runner.pad_one_row = True
     assert check_one_row(runner) is True

@@ -117,7 +117,7 @@ def test_the_load_memory_tool_reports_a_loaded_bundle_and_its_target_at_depth(ti
     import subprocess
     import sys
     
-    tool = TOOLS / "load_memory.py"
+    tool = TOOLS / "measure" / "load_memory.py"
     done = subprocess.run([sys.executable, str(tool), str(tiny_bundle), "--max-context", "256", "--depth", "100",
                            "--threads", "1", *variant], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -133,7 +133,7 @@ def test_the_load_memory_tool_prefills_a_file_s_tokens(tiny_bundle, tmp_path):
     
     text = tmp_path / "prompt.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 12, encoding="utf-8")
-    tool = TOOLS / "load_memory.py"
+    tool = TOOLS / "measure" / "load_memory.py"
     done = subprocess.run([sys.executable, str(tool), str(tiny_bundle), "--max-context", "256", "--threads", "1",
                            "--prefill", str(text)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

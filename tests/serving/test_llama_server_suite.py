@@ -1,5 +1,5 @@
 """llama-server's own server tests (llama.cpp's tools/server/tests, read from the llama-cpp-python source
-distribution by tools/llama_server_tests.py) against `specdec serve` on the tiny chat bundle: a handful of files whose
+distribution by tools/check/llama_server_tests.py) against `specdec serve` on the tiny chat bundle: a handful of files whose
 tests do not depend on the model's words. A change that breaks a llama-server client fails here."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MUST_PASS = [
 
 @pytest.mark.integration
 def test_llama_servers_own_tests_pass_against_specdec(chat_bundle, tmp_path):
-    command = [sys.executable, str(ROOT / "tools" / "llama_server_tests.py"), "--bundle", str(chat_bundle),
+    command = [sys.executable, str(ROOT / "tools" / "check" / "llama_server_tests.py"), "--bundle", str(chat_bundle),
                "--files", "test_security.py", "test_tokenize.py", "--out", str(tmp_path),
                "-k", "api_key or public_endpoint or tokenize_detokenize"]
     if os.environ.get("LLAMA_CPP_SRC"):  # an unpacked llama.cpp tree (else the sdist is downloaded)

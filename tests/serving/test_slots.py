@@ -303,9 +303,9 @@ def test_ordinary_filenames_are_allowed(tmp_path, name):
 
 
 def test_slot_timing_tool_runs_on_the_tiny_bundle(fim_bundle, tmp_path):
-    """tools/slot_timing.py: cold first turn, save, restart, restore, the next turn restored and cold; its table,
+    """tools/measure/slot_timing.py: cold first turn, save, restart, restore, the next turn restored and cold; its table,
     and the restored and cold answers are the same tokens."""
-    tool = TOOLS / "slot_timing.py"
+    tool = TOOLS / "measure" / "slot_timing.py"
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(PROMPT)
     done = subprocess.run([sys.executable, str(tool), str(fim_bundle), "--prompt-file", str(prompt), "--max-tokens",

@@ -391,11 +391,11 @@ def test_target_only_makes_one_token_a_pass(chat_decoder, server_url):
 
 
 def test_sources_overhead_tool_runs(chat_bundle):
-    """tools/sources_overhead.py on the tiny bundle: same answers with and without the field, and a ratio."""
+    """tools/measure/sources_overhead.py on the tiny bundle: same answers with and without the field, and a ratio."""
     import subprocess
     import sys
     
-    tool = TOOLS / "sources_overhead.py"
+    tool = TOOLS / "measure" / "sources_overhead.py"
     done = subprocess.run([sys.executable, str(tool), str(chat_bundle), "--requests", "2", "--max-tokens", "16"],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -143,7 +143,7 @@ def test_no_webui_reaches_the_server_options(monkeypatch):
 
 # ----------------------------------------------------------------------------- in a browser
 def _tool():
-    spec = importlib.util.spec_from_file_location("webui_screenshot", ROOT / "tools" / "webui_screenshot.py")
+    spec = importlib.util.spec_from_file_location("webui_screenshot", ROOT / "tools" / "check" / "webui_screenshot.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -431,7 +431,7 @@ def test_page_headers_and_no_webui(served, decoder):
 
 
 def test_screenshot_tool_saves_a_png(tool, served, tmp_path, monkeypatch):
-    """tools/webui_screenshot.py: the page after a message, as a PNG of the asked size."""
+    """tools/check/webui_screenshot.py: the page after a message, as a PNG of the asked size."""
     import struct
 
     out = tmp_path / "page.png"

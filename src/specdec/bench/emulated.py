@@ -3,7 +3,7 @@ another target's measured costs give a pass of its width, so the real pair's pro
 meet, say, a 7B's verify curve and draft/target step ratio.
 
 What it is for: targets whose real weights are not at hand. A random-weight checkpoint at the real shapes gives
-true pass costs (``tools/scale_costs.py``) but no acceptance; the real pair gives acceptance but a small target's
+true pass costs (``tools/measure/scale_costs.py``) but no acceptance; the real pair gives acceptance but a small target's
 costs. Stretching the real target's passes by the ratio of the two measured cost tables lets the default's
 choices (draft, suffix or nothing; chain lengths; the draft's prefill skip) be run, not projected, at the bigger
 target's prices. The result is an emulation: the bigger model's own acceptance is not the real pair's.
@@ -41,7 +41,7 @@ class CostStretch:
 
 
 def cost_stretch(own: dict, other: dict) -> CostStretch:
-    """The stretch from two ``tools/scale_costs.py`` records: ``own`` the real target's, ``other`` the emulated
+    """The stretch from two ``tools/measure/scale_costs.py`` records: ``own`` the real target's, ``other`` the emulated
     one's (``target_pass_ms`` per width, ``prefill_tokens_per_s``, ``draft_step_ms``). Both runs measure the same
     draft model, so each record's costs are taken in its own draft steps: what the other target costs beside that
     draft, whatever the machine's speed was during each run (a VM drifts between runs); ValueError naming what is

@@ -6,7 +6,7 @@ step for step, so that a bundle and the GGUF it was exported from are compared o
 - the whole text is tokenized once with special tokens added (``common_tokenize(ctx, text, true)``: a
   BOS first only when the tokenizer adds one). One difference: llama.cpp does not parse special-token
   text in the file (``<|endoftext|>``) as a special token, the bundle's tokenizer does; a text without
-  such markers (``tools/make_eval_text.py``'s) is not affected;
+  such markers (``tools/inputs/make_eval_text.py``'s) is not affected;
 - fewer than ``2 * CONTEXT`` tokens is an error; the text is cut into ``len // CONTEXT`` chunks of
   ``CONTEXT`` consecutive tokens (the tail is dropped), the first ``chunks`` of them used;
 - each chunk is evaluated from an empty cache at positions 0..CONTEXT-1; when the tokenizer adds a BOS,

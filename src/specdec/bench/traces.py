@@ -1,6 +1,6 @@
 """Session traces for ``specdec bench --session``, built from this Python's standard library.
 
-Nothing of the library is stored in the repository: ``tools/make_traces.py OUT_DIR`` writes the
+Nothing of the library is stored in the repository: ``tools/inputs/make_traces.py OUT_DIR`` writes the
 traces from ``inspect.getsource`` of stdlib modules. The same Python gives the same traces
 (``make_traces`` is deterministic; each trace names the Python version it came from). Token
 counts are estimated from characters (``CHARS_PER_TOKEN``, measured on Qwen2.5's tokenizer over

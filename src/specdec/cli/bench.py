@@ -70,7 +70,7 @@ def add_bench_parser(commands) -> None:
                                "'{\"INFERENCE_PRECISION_HINT\": \"f32\"}')")
     session = bench.add_argument_group("session benchmark (instead of --prompts)")
     session.add_argument("--session", nargs="+", metavar="TRACE",
-                         help="replay these traces (tools/make_traces.py) through `specdec serve BUNDLE` over HTTP "
+                         help="replay these traces (tools/inputs/make_traces.py) through `specdec serve BUNDLE` over HTTP "
                               "(and llama-server with --peer-llama-server)")
     session.add_argument("--server-url", default=None,
                          help="a running specdec server to replay against instead of starting one")

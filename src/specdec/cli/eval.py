@@ -15,7 +15,7 @@ def add_eval_parser(commands) -> None:
     parser = commands.add_parser("eval", help="perplexity of the target and draft over a text (as llama-perplexity)")
     parser.add_argument("bundle")
     parser.add_argument("--text", required=True, metavar="FILE",
-                        help="UTF-8 text file (e.g. from tools/make_eval_text.py); the same file llama-perplexity -f reads")
+                        help="UTF-8 text file (e.g. from tools/inputs/make_eval_text.py); the same file llama-perplexity -f reads")
     parser.add_argument("--chunks", type=int, default=None, help="evaluate at most N chunks (default: all)")
     parser.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
                         help=f"tokens per chunk, llama-perplexity's -c (default {DEFAULT_CONTEXT})")

@@ -4,7 +4,7 @@ One execution context per optimization profile (decode, verify, prefill), all on
 stream. Per pass: ``set_input_shape`` for the actual T and past length, ``set_tensor_address``
 into preallocated device buffers (the KV cache is the same pointer arithmetic as on the
 host), ``execute_async_v3``, then only the T x vocab logits are copied to the host. Nothing
-is allocated per step. Needs a GPU, TensorRT and cuda-python; run ``tools/gpu_check.py``.
+is allocated per step. Needs a GPU, TensorRT and cuda-python; run ``tools/check/gpu_check.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,156 @@
+"""Profile a bundle's graphs: node counts by op type, per-op-type time of a decode and a T=5 pass, and the
+cost of one pass at two context lengths (does a pass's cost grow with the context?).
+
+    python tools/measure/graph_profile.py BUNDLE [--role target] [--weight-form nbits|int8] [--contexts 256,1500]
+        [--repeats 20] [--threads N]
+
+Works on both graph forms (standard and fused) through the runtime's own runner (make_runner).
+Times are wall-clock on this machine: compare ratios between forms measured the same way, not
+absolute numbers on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def node_counts(onnx_path: Path, options) -> tuple[collections.Counter, collections.Counter]:
+    """(op counts in the file, op counts after onnxruntime's load-time optimizations)."""
+    import onnx
+    import onnxruntime as ort
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    raw = collections.Counter(node.op_type for node in graph.node)
+    with tempfile.TemporaryDirectory() as folder:
+        options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
+        ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+        fused = collections.Counter(node.op_type for node in optimized.node)
+    return raw, fused
+
+
+def _fill(runner, length: int, rng) -> None:
+    """Prefill ``length`` random tokens in chunks."""
+    runner.reset()
+    step = runner.max_step_tokens
+    for start in range(0, length, step):
+        chunk = rng.integers(3, runner.spec.vocab_size, size=min(step, length - start))
+        runner.forward(chunk, np.arange(start, start + len(chunk)))
+        runner.commit(len(chunk))
+
+
+def pass_seconds(runner, length: int, count: int, repeats: int, rng) -> tuple[float, float]:
+    """(median, fastest) seconds of one pass of ``count`` new tokens after ``length`` valid slots (never committed).
+    On a loaded machine the fastest run is the better estimate of the cost itself."""
+    _fill(runner, length, rng)
+    tokens = rng.integers(3, runner.spec.vocab_size, size=count)
+    positions = np.arange(length, length + count)
+    runner.forward(tokens, positions)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.forward(tokens, positions)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+def op_profile(onnx_path: Path, filled, threads, count: int, repeats: int, rng) -> dict:
+    """Per-op-type microseconds per pass of ``count`` tokens after the context ``filled`` (a runner) holds.
+
+    A second session with onnxruntime profiling on gets a copy of ``filled``'s cache, so only the
+    measured passes are profiled.
+    """
+    import onnxruntime as ort
+
+    from specdec.runners.standard import session_options
+
+    options = session_options(threads)
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as folder:
+        options.profile_file_prefix = os.path.join(folder, "profile")
+        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        runner = type(filled)("", filled.spec, "cpu", filled.max_context, filled.max_step_tokens, session=session)
+        runner.cache[...] = filled.cache
+        if getattr(filled, "scales", None) is not None:  # an int8 cache's scales (runners/kv_int8.py)
+            runner.scales[...] = filled.scales
+        runner.slot_positions[:] = filled.slot_positions
+        runner.length = filled.length
+        tokens = rng.integers(3, filled.spec.vocab_size, size=count)
+        for _ in range(repeats + 1):
+            runner.forward(tokens, np.arange(filled.length, filled.length + count))
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]  # skip warm-up
+    per_run = [collections.Counter() for _ in runs]
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            for index, (begin, end) in enumerate(runs):
+                if begin <= event["ts"] <= end:
+                    per_run[index][event["args"].get("op_name", "?")] += event["dur"]
+    ops = {op for run in per_run for op in run}
+    medians = {op: statistics.median(run[op] for run in per_run) for op in ops}  # robust to a loaded machine
+    return dict(sorted(medians.items(), key=lambda item: -item[1]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--role", choices=["target", "draft"], default="target")
+    parser.add_argument("--contexts", default="256,1500", help="two or more context lengths for the per-pass cost")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--weight-form", default=None, help="which of the model's weight forms (default: the first)")
+    args = parser.parse_args(argv)
+    try:
+        from specdec.runners.factory import make_runner
+        from specdec.contract.manifest import Manifest
+        from specdec.runners.standard import session_options
+
+        manifest = Manifest.read(args.bundle)
+        spec = manifest.models().get(args.role)
+        if spec is None:
+            raise ValueError(f"the bundle has no {args.role}")
+        contexts = [int(c) for c in args.contexts.split(",")]
+        if max(contexts) + 5 > spec.max_positions or min(contexts) < 1:
+            raise ValueError(f"--contexts must be in 1..{spec.max_positions - 5} for this model")
+        forms = dict(spec.weight_forms) or {None: spec.onnx_file}
+        if args.weight_form is not None and args.weight_form not in forms:
+            raise ValueError(f"--weight-form: the {args.role} has {', '.join(map(str, forms))}")
+    except (ValueError, OSError) as exc:
+        print(f"graph_profile: error: {exc}", file=sys.stderr)
+        return 2
+    onnx_path = args.bundle / (forms[args.weight_form] if args.weight_form else spec.onnx_file)
+    rng = np.random.default_rng(0)
+    raw, optimized = node_counts(onnx_path, session_options(args.threads))
+    print(f"{args.role}: {spec.architecture}, {spec.graph} graph, quant {spec.quant}, {spec.num_layers} layers, "
+          f"weight form {args.weight_form or next(iter(forms))}")
+    print(f"nodes in the file: {sum(raw.values())}; after onnxruntime's load-time fusions: {sum(optimized.values())}")
+    print("  file:     " + ", ".join(f"{op} {n}" for op, n in raw.most_common()))
+    print("  optimized: " + ", ".join(f"{op} {n}" for op, n in optimized.most_common()))
+    runner = make_runner(str(onnx_path), spec, "cpu", max(contexts) + 64, 64, args.threads)
+    _fill(runner, contexts[0], rng)
+    for count in (1, 5):
+        profile = op_profile(onnx_path, runner, args.threads, count, args.repeats, rng)
+        total = sum(profile.values())
+        print(f"per-op-type time, T={count} at context {contexts[0]} (us per pass, {total:.0f} us in kernels):")
+        print("  " + ", ".join(f"{op} {us:.0f} ({100 * us / total:.0f}%)" for op, us in profile.items()))
+    for count in (1, 5):
+        cells = []
+        for length in contexts:
+            median, fastest = pass_seconds(runner, length, count, args.repeats, rng)
+            cells.append(f"context {length}: median {1000 * median:.2f} ms, fastest {1000 * fastest:.2f} ms")
+        print(f"one pass of T={count}: " + "; ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

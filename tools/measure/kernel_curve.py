@@ -1,7 +1,7 @@
 """How much does onnxruntime's MatMulNBits cost for M rows against one row, on this CPU? (the verify curve's floor)
 
-    python tools/measure/kernel_curve.py [--k 1536] [--n 8960] [--rows 1,2,3,4,5,6,8,9,16,32] [--levels 1,4]
-                                 [--blocks 32,128] [--layers 14] [--threads N] [--out kernel_curve.md]
+    python tools/measure/kernel_curve.py [--k 1536] [--n 8960] [--rows 1,2,3,4,5,6,8,9,16,32] [--levels 1,4] [--zero-points]
+                                 [--blocks 32,128] [--layers 14] [--threads N] [--bandwidth] [--out kernel_curve.md]
 
 A verify pass of T rows reads the same weights as a one-token pass, so if the int4 products were bound by
 weight bandwidth a pass of up to ~8 rows would cost close to one row. This times a stack of MatMulNBits
@@ -32,8 +32,9 @@ from specdec.runners.standard import session_options  # the runtime's own: its s
 FLOAT_LAYERS = 6  # pairs in the float32 stack: 660 MB (a model proto holds at most 2 GB)
 
 
-def nbits_model(k: int, n: int, block: int, level: int, layers: int) -> bytes:
-    """``layers`` pairs of products, K -> N then N -> K (an MLP stack), each with its own random int4 blocks."""
+def nbits_model(k: int, n: int, block: int, level: int, layers: int, zero_points: bool = False) -> bytes:
+    """``layers`` pairs of products, K -> N then N -> K (an MLP stack), each with its own random int4 blocks
+    (and, with ``zero_points``, random 4-bit zero points, as asymmetric blocks carry)."""
     rng = np.random.default_rng(0)
     nodes, initializers = [], []
     for index, (rows_in, rows_out) in enumerate([(k, n), (n, k)] * layers):
@@ -41,10 +42,42 @@ def nbits_model(k: int, n: int, block: int, level: int, layers: int) -> bytes:
         data = rng.integers(0, 256, (rows_out, blocks, block // 2), dtype=np.uint8)
         scales = (rng.random((rows_out, blocks)) * (0.02 / np.sqrt(rows_in))).astype(np.float32)
         initializers += [numpy_helper.from_array(data, f"W{index}"), numpy_helper.from_array(scales, f"S{index}")]
-        nodes.append(helper.make_node("MatMulNBits", [f"y{index - 1}" if index else "x", f"W{index}", f"S{index}"],
-                                      [f"y{index}"], domain="com.microsoft", K=rows_in, N=rows_out, bits=4,
-                                      block_size=block, accuracy_level=level))
+        inputs = [f"y{index - 1}" if index else "x", f"W{index}", f"S{index}"]
+        if zero_points:
+            packed = rng.integers(0, 256, (rows_out, -(-blocks // 2)), dtype=np.uint8)
+            initializers.append(numpy_helper.from_array(packed, f"Z{index}"))
+            inputs.append(f"Z{index}")
+        nodes.append(helper.make_node("MatMulNBits", inputs, [f"y{index}"], domain="com.microsoft", K=rows_in,
+                                      N=rows_out, bits=4, block_size=block, accuracy_level=level))
     return _model(nodes, k, initializers)
+
+
+def nbits_bytes(k: int, n: int, block: int, level: int, layers: int, zero_points: bool) -> int:
+    """Bytes one pass streams through the stack as MLAS holds it packed: at level 4 (int8 compute) a block is its
+    codes, a float32 scale and a float32 block sum (zero points fold into the sum); at levels 0-3 (float compute)
+    the codes, the float32 scale and, if present, the 4-bit zero point."""
+    per_block = block // 2 + (8 if level == 4 else 4 + (0.5 if zero_points else 0))
+    return int(2 * layers * n * (-(-k // block)) * per_block)
+
+
+def read_bandwidth(processes: int, gib: float = 1.0) -> float:
+    """GB/s that ``processes`` processes reading their own ``gib`` GiB arrays (numpy sums) reach together."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        seconds = pool.map(_read_seconds, [gib] * processes)
+    return processes * gib * 2**30 / max(seconds) / 1e9
+
+
+def _read_seconds(gib: float) -> float:
+    data = np.ones(int(gib * 2**30 / 8), dtype=np.float64)
+    data.sum()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def int8_rows_model(k: int, n: int, layers: int) -> bytes:
@@ -107,24 +140,41 @@ def main() -> int:
     parser.add_argument("--no-float", action="store_true", help="skip the float32 MatMul column")
     parser.add_argument("--int8-rows", action="store_true",
                         help="add the integer products of --layer-products int8 (MatMulInteger, a scale per row)")
+    parser.add_argument("--zero-points", action="store_true", help="int4 blocks with 4-bit zero points (asymmetric)")
+    parser.add_argument("--bandwidth", action="store_true",
+                        help="also measure the machine's read bandwidth (numpy sums of 1 GiB, one and --threads processes)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    kernels = {f"int4 b{b} level {lv}": nbits_model(args.k, args.n, int(b), int(lv), args.layers)
-               for lv in args.levels.split(",") for b in args.blocks.split(",")}
+    kernels, streamed = {}, {}
+    for lv in args.levels.split(","):
+        for b in args.blocks.split(","):
+            name = f"int4 b{b} level {lv}" + (" zp" if args.zero_points else "")
+            kernels[name] = nbits_model(args.k, args.n, int(b), int(lv), args.layers, args.zero_points)
+            streamed[name] = nbits_bytes(args.k, args.n, int(b), int(lv), args.layers, args.zero_points)
     if args.int8_rows:
         kernels["int8 rows (MatMulInteger)"] = int8_rows_model(args.k, args.n, args.layers)
+        streamed["int8 rows (MatMulInteger)"] = 2 * args.layers * (args.k * args.n + 4 * (args.k + args.n) // 2)
     if not args.no_float:
         float_layers = min(args.layers, FLOAT_LAYERS)  # a model proto holds at most 2 GB
         kernels[f"float32 MatMul ({float_layers} pairs)"] = float_model(args.k, args.n, float_layers)
+        streamed[f"float32 MatMul ({float_layers} pairs)"] = 2 * float_layers * args.k * args.n * 4
     times = {name: [median_ms(model, args.k, m, args.threads, args.repeats) for m in rows]
              for name, model in kernels.items()}
     lines = [f"{args.layers} x (K={args.k} -> N={args.n} -> K) products, {args.threads or 'default'} threads, median of {args.repeats}; "
              f"onnxruntime {ort.__version__}, {cpu_model()}, {date.today()}", "",
-             "| kernel | " + " | ".join(f"M={m}" for m in rows) + " |", "|---|" + "---|" * len(rows)]
+             "| kernel | MB streamed | bits/weight | GB/s at M=1 | " + " | ".join(f"M={m}" for m in rows) + " |",
+             "|---|---|---|---|" + "---|" * len(rows)]
     for name, values in times.items():
         cells = [f"{v:.2f} ms ({v / values[0]:.2f}x)" for v in values]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        weights = 2 * (args.layers if "float32" not in name else min(args.layers, FLOAT_LAYERS)) * args.k * args.n
+        mb = streamed[name] / 1e6
+        lines.append(f"| {name} | {mb:.1f} | {8 * streamed[name] / weights:.2f} | {mb / values[0]:.1f} | "
+                     + " | ".join(cells) + " |")
+    if args.bandwidth:
+        one, many = read_bandwidth(1), read_bandwidth(args.threads or 2)
+        lines += ["", (f"read bandwidth (numpy sums of 1 GiB): {one:.1f} GB/s one process, "
+                       f"{many:.1f} GB/s {args.threads or 2} processes")]
     text = "\n".join(lines)
     print(text)
     if args.out:

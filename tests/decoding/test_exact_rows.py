@@ -150,7 +150,7 @@ def test_the_flag_reaches_every_load_path():
     import argparse
 
     from specdec.cli.args import add_load_args
-    from specdec.serving.app import LoadOptions
+    from specdec.decoding.load_options import LoadOptions
 
     parser = argparse.ArgumentParser()
     add_load_args(parser)

@@ -129,26 +129,35 @@ def flag_named(exc: ValueError) -> ValueError:
 
 def cmd_serve(args) -> int:
     _show_logs()
-    try:
-        import uvicorn
+    from specdec.decoding.load_options import BackgroundLoad, LoadOptions
 
-        from specdec.serving.app import LOCAL_HOSTS, LoadOptions, ServerOptions, build_app
-        from specdec.serving.pool import PoolOptions
-    except ImportError as exc:
-        raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     names = model_names(args)
+    hosts = host_list(args.host)
+    try:
+        load_options = LoadOptions(provider=args.provider, max_context=worker_context(args), threads=args.threads,
+                                   verify=not args.no_verify, cache_ram_mib=args.cache_ram,
+                                   suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
+                                   weight_form=args.weight_form)
+    except ValueError as exc:
+        raise flag_named(exc) from None
+    # the weights are packed on a thread while the web stack is imported and the other flags are checked (each
+    # Ray replica loads its own)
+    loading = None if args.ray else BackgroundLoad(args.bundle, load_options, args.workers)
+    try:
+        import uvicorn
+
+        from specdec.serving.app import LOCAL_HOSTS, ServerOptions, build_app
+        from specdec.serving.pool import PoolOptions
+    except ImportError as exc:
+        raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
     try:
         server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
                                        shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
                                        webui=not args.no_webui, api_keys=api_keys(args),
                                        cors_origins=args.cors_origins, seed=args.seed, slots_endpoint=args.slots)
         pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
-        load_options = LoadOptions(provider=args.provider, max_context=worker_context(args), threads=args.threads,
-                                   verify=not args.no_verify, cache_ram_mib=args.cache_ram,
-                                   suffix_cache_mib=args.suffix_cache, exact_rows=args.exact_rows,
-                                   weight_form=args.weight_form)
     except ValueError as exc:
         raise flag_named(exc) from None
     if args.ray:
@@ -162,12 +171,11 @@ def cmd_serve(args) -> int:
         except ValueError as exc:
             raise flag_named(exc) from None
         return serve_on_ray(options)
-    hosts = host_list(args.host)
     exposed = [host for host in hosts if host not in LOCAL_HOSTS]
     if exposed and not server_options.api_keys:
         print(f"specdec: serving on {', '.join(exposed)} without --api-key: anyone who reaches that address can use "
               "the API", file=sys.stderr)
-    app = build_app(args.bundle, server_options, pool_options, load_options)
+    app = build_app(args.bundle, server_options, pool_options, load_options, loading=loading)
     if server_options.webui:
         import logging
 

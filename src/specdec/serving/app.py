@@ -34,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.decoding.load_options import BackgroundLoad, LoadOptions
 from specdec.serving import webui
 from specdec.serving.dialects import dialects
 from specdec.serving.jobs import Engine
@@ -100,48 +101,13 @@ class ServerOptions:
         return self.model_name
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    """``SpeculativeDecoder.load``'s arguments besides the bundle."""
-    provider: str = "cpu"
-    max_context: int | None = None
-    threads: int | None = None
-    verify: bool = True
-    cache_ram_mib: float = 0  # a prompt cache in host RAM shared by the pool's workers (0: none)
-    suffix_cache_mib: float | None = None  # recent outputs for suffix proposals (None: the decoder's default)
-    exact_rows: bool | None = None  # one-token target passes as two rows (None: where the CPU needs it)
-    weight_form: str | None = None  # the target's weight form to run (None: the one measured faster here)
-
-    def __post_init__(self):
-        for name in ("cache_ram_mib", "suffix_cache_mib"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or
-                                      not value >= 0):
-                raise ValueError(f"{name} must be a number >= 0 MiB, got {value!r}")
-        if self.cache_ram_mib is None:
-            raise ValueError("cache_ram_mib must be a number >= 0 MiB, got None")
-
-    def load_kwargs(self) -> dict:
-        kwargs = dict(provider=self.provider, max_context=self.max_context, threads=self.threads, verify=self.verify)
-        if self.exact_rows is not None:
-            kwargs["exact_rows"] = self.exact_rows
-        if self.weight_form is not None:
-            kwargs["weight_form"] = self.weight_form
-        if self.cache_ram_mib:
-            kwargs["cache_ram_mib"] = self.cache_ram_mib
-        if self.suffix_cache_mib is not None:
-            kwargs["suffix_cache_mib"] = self.suffix_cache_mib
-        return kwargs
-
-
 def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
-              load: LoadOptions | None = None) -> FastAPI:
+              load: LoadOptions | None = None, loading=None) -> FastAPI:
     """Load ``bundle``, fork a pool of its decoders, and the app serving it: ``specdec serve``'s and each Ray
-    replica's one path from a bundle to an app."""
-    from specdec.decoding.decoder import SpeculativeDecoder
-
+    replica's one path from a bundle to an app. ``loading``: the same load already under way
+    (``load_options.BackgroundLoad``, started with ``load`` and ``pool.workers``), whose decoder this waits for."""
     load, pool = load or LoadOptions(), pool or PoolOptions()
-    decoder = SpeculativeDecoder.load(bundle, **load.load_kwargs(), kv_caches=pool.workers)
+    decoder = (loading or BackgroundLoad(bundle, load, pool.workers)).result()
     log.info("loaded %s on %s: max_context %d", bundle, load.provider, decoder.max_context)  # load logged why
     started = time.perf_counter()
     decoder.costs()  # this machine's pass costs now (stored after the first time), not in the first request

@@ -18,7 +18,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec.serving.app import LoadOptions, ServerOptions
+from specdec.decoding.load_options import LoadOptions
+from specdec.serving.app import ServerOptions
 from specdec.serving.pool import PoolOptions
 
 APP_NAME = "specdec"

@@ -2,6 +2,7 @@
 the log-softmax) against a direct numpy computation, on a numpy stand-in model (fast) and on the tiny bundle's
 target and draft (integration); bad input is one line."""
 
+import hashlib
 import json
 import math
 
@@ -106,7 +107,8 @@ def test_bos_handling_follows_the_tokenizer_as_llama_follows_add_bos_token():
     assert ppl.tokenize_like_llama(_Tokenizer(True), "ab", None)[1] is False
 
 
-@pytest.mark.parametrize("case", ["no-text", "no-bundle", "bad-chunks", "not-utf8"])
+@pytest.mark.parametrize("case", ["no-text", "no-bundle", "bad-chunks", "not-utf8", "nothing", "both-texts",
+                                  "write-over"])
 def test_eval_cli_bad_input_is_one_line(tmp_path, capsys, case):
     text = tmp_path / "text.txt"
     text.write_bytes(b"\xff\xfe bad" if case == "not-utf8" else b"some text")
@@ -115,11 +117,30 @@ def test_eval_cli_bad_input_is_one_line(tmp_path, capsys, case):
         argv[3] = str(tmp_path / "missing.txt")
     if case == "bad-chunks":
         argv += ["--chunks", "0"]
+    if case == "nothing":
+        argv = ["eval"]
+    if case == "both-texts":
+        argv += ["--write-text", str(tmp_path / "out.txt")]
+    if case == "write-over":
+        argv = ["eval", "--write-text", str(text)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("specdec: error: "), err
     assert {"no-text": "is not a file", "no-bundle": "does not exist", "bad-chunks": "chunks must be",
-            "not-utf8": "is not UTF-8"}[case] in err
+            "not-utf8": "is not UTF-8", "nothing": "needs a bundle", "both-texts": "give one",
+            "write-over": "exists"}[case] in err
+    assert text.read_bytes() == (b"\xff\xfe bad" if case == "not-utf8" else b"some text")  # never overwritten
+
+
+def test_eval_cli_writes_the_built_in_text_as_llama_perplexity_reads_it(tmp_path, capsys):
+    from specdec.bench.eval_text import MODULES, eval_text
+
+    out = tmp_path / "eval.txt"
+    assert main(["eval", "--write-text", str(out)]) == 0
+    assert out.read_bytes() == eval_text().encode("utf-8")
+    assert "sha256 " + hashlib.sha256(out.read_bytes()).hexdigest() in capsys.readouterr().err
+    text = out.read_text()
+    assert [line[2:] for line in text.splitlines() if line.startswith("# ")][:3] == list(MODULES[:3])
 
 
 # ----------------------------------------------------------------------------- the tiny bundle (integration)
@@ -171,3 +192,7 @@ def test_eval_cli_prints_a_line_per_model_and_json(tiny_bundle, tmp_path, capsys
     assert report["command"].startswith("specdec eval")
     assert main(["eval", str(tiny_bundle), "--text", str(text), "--context", "4096"]) == 2
     assert "exceeds" in capsys.readouterr().err
+    # no --text: the built-in text, named in the JSON by its sha256
+    assert main(["eval", str(tiny_bundle), "--context", "32", "--chunks", "1", "--role", "target", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["text_file"].startswith("built-in: ") and "sha256 " in report["text_file"]

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.cli.eval import add_eval_parser
 
     add_eval_parser(commands)
+    from specdec.cli.info import add_info_parser
+
+    add_info_parser(commands)
     return parser
 
 
@@ -186,10 +189,11 @@ def main(argv=None) -> int:
     from specdec.cli.bench import cmd_bench
     from specdec.cli.demo import cmd_demo
     from specdec.cli.eval import cmd_eval
+    from specdec.cli.info import cmd_info
     from specdec.cli.serve import cmd_serve
 
     handlers = {"generate": cmd_generate, "infill": cmd_infill, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "demo": cmd_demo,
-                "eval": cmd_eval}
+                "eval": cmd_eval, "info": cmd_info}
     try:
         return handlers[args.command](args)
     except ImportError as exc:  # an optional dependency this command needs: name the extra that installs it

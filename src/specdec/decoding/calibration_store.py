@@ -176,6 +176,27 @@ def save_costs(key: str, costs: Costs, path: Path | None = None, other_cores: fl
     return True
 
 
+def stored_here(bundle_identity: str, folder: Path | None = None) -> list:
+    """What loads of ``bundle_identity`` stored about this CPU (name and flags) and onnxruntime: ``[(kind, key, entry)]``
+    with ``kind`` "checks" (load-checks.json: weight form, row checks) or "costs" (pass-costs.json), ``key`` the entry's
+    key as a dict without the fields that name the bundle and the machine, ``entry`` as stored."""
+    import onnxruntime
+
+    folder = folder or cache_dir()
+    here = {"bundle": bundle_identity, "cpu": cpu_model(), "cpu_flags": cpu_flags_digest(),
+            "onnxruntime": onnxruntime.__version__}
+    found = []
+    for kind, name, layout in (("checks", CHECKS_FILE_NAME, CHECKS_LAYOUT), ("costs", FILE_NAME, LAYOUT)):
+        for text, entry in _read(folder / name, layout).items():
+            try:
+                key = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(key, dict) and isinstance(entry, dict) and all(key.get(f) == v for f, v in here.items()):
+                found.append((kind, {f: v for f, v in key.items() if f not in here}, entry))
+    return found
+
+
 def load_check(key: str, path: Path | None = None) -> dict | None:
     """A load's stored finding under ``key`` (a dict), or None."""
     entry = _read(path or cache_dir() / CHECKS_FILE_NAME, CHECKS_LAYOUT).get(key)

@@ -105,6 +105,8 @@ def test_a_final_assistant_message_is_continued(prefill, ending):
     ([{"role": "user", "content": "x"}], r"messages\[0\]: continuing the final message needs an assistant"),
     ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "a", "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}], "with tool_calls"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
+     r"messages\[1\]: two assistant messages end the conversation"),
 ])
 def test_what_cannot_be_continued_is_named(messages, message):
     from specdec.decoding.text.chat import ChatTemplateError, render_chat

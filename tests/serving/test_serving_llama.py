@@ -463,9 +463,16 @@ def test_several_prompts_in_one_completion(served, reference):
     assert answers[1]["content"] == _post(url, "/completion", {**body, "prompt": "def sub(a, b):"}).json()["content"]
     single = _post(url, "/completion", {**body, "prompt": [*tokens[:2], " b):"]}).json()
     assert isinstance(single, dict)
+    # llama-server's JSON prompt object is its prompt_string, alone or as one prompt of a batch
+    as_object = _post(url, "/completion", {**body, "prompt": {"prompt_string": text}}).json()
+    assert as_object["tokens"] == alone["tokens"]
+    answers = _post(url, "/completion", {**body, "prompt": [tokens, {"prompt_string": text}]}).json()
+    assert [a["tokens"] for a in answers] == [alone["tokens"]] * 2
     for bad, message in (({"prompt": [tokens, tokens], "stream": True}, "not streamed"),
                          ({"prompt": [tokens[0], tokens]}, "mixes token ids"),
                          ({"prompt": [tokens] * 17}, "at most 16"),
-                         ({"prompt": [tokens, []]}, "empty prompt")):
+                         ({"prompt": [tokens, []]}, "empty prompt"),
+                         ({"prompt": {"prompt_string": text, "multimodal_data": ["aGk="]}}, "multimodal model"),
+                         ({"prompt": {"text": text}}, "prompt_string")):
         refused = _post(url, "/completion", {**body, **bad})
         assert refused.status_code == 400 and message in refused.text, refused.text

@@ -197,6 +197,9 @@ def _continued(template, messages, tools, variables) -> str:
                                 f"not {final['role']!r}")
     if final.get("tool_calls"):
         raise ChatTemplateError(f"{where}: an assistant message with tool_calls cannot be continued")
+    if len(normalized) > 1 and normalized[-2]["role"] == "assistant":  # llama-server refuses it too
+        raise ChatTemplateError(f"messages[{len(normalized) - 2}]: two assistant messages end the conversation; a "
+                                "prefill to continue is one final assistant message")
     content = final.get("content") or ""
     if not content.strip():
         return _render(template, normalized[:-1], True, tools, variables)

@@ -108,12 +108,14 @@ MAX_PROMPTS = 16  # prompts of one batched /completion request (run one after an
 class CompletionRequest(LlamaGeneration):
     """``POST /completion`` (and ``/completions``): a text prompt, token ids, or a list mixing both; or several
     prompts, as llama-server takes them: a list of strings, or a list whose items are token lists or strings."""
-    prompt: str | list[TokenId | str | list[TokenId | str]]
+    prompt: str | dict | list[TokenId | str | dict | list[TokenId | str]]
 
     @field_validator("prompt")
     @classmethod
     def _prompts(cls, value):
+        value = _json_prompt(value) if isinstance(value, dict) else value
         if isinstance(value, list):
+            value = [_json_prompt(part) if isinstance(part, dict) else part for part in value]
             if not value:
                 raise ValueError("is empty: give some text or token ids")
             if any(isinstance(part, list) for part in value):
@@ -135,6 +137,19 @@ class CompletionRequest(LlamaGeneration):
     def prompts(self) -> list | None:
         """The prompts of a batched request, each one prompt as ``prompt`` takes it; None for one prompt."""
         return list(self.prompt) if self.is_batch(self.prompt) else None
+
+
+def _json_prompt(value: dict) -> str:
+    """llama-server's JSON prompt object, ``{"prompt_string": TEXT, "multimodal_data": [...]}``, as its text; media
+    need a multimodal model, which no bundle holds."""
+    unknown = sorted(set(value) - {"prompt_string", "multimodal_data"})
+    if unknown:
+        raise ValueError(f"a JSON prompt holds prompt_string (and multimodal_data), not {', '.join(unknown)}")
+    if not isinstance(value.get("prompt_string"), str):
+        raise ValueError("a JSON prompt needs prompt_string, a string")
+    if value.get("multimodal_data"):
+        raise ValueError("multimodal_data: images and audio need a multimodal model, and this server's has none")
+    return value["prompt_string"]
 
 
 class TokenizeRequest(LlamaBody):

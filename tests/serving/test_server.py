@@ -521,6 +521,26 @@ def llama_client_server(chat_bundle):
         yield served
 
 
+def test_cors_header_names_are_written_as_llama_servers(llama_client_server):
+    """`specdec serve` writes the CORS names in llama-server's case (its h11 layer keeps them; httptools would lower
+    them): clients that look them up case-sensitively, as llama-server's own tests do, find them."""
+    import socket
+    from urllib.parse import urlsplit
+
+    address = urlsplit(llama_client_server[0])
+    with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
+        sock.sendall(b"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost\r\n"
+                     b"Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := sock.recv(4096):
+            raw += chunk
+    head = raw.split(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 200")
+    for name in (b"Access-Control-Allow-Origin: http://localhost", b"Access-Control-Allow-Methods: ",
+                 b"Access-Control-Allow-Headers: *", b"Access-Control-Allow-Credentials: true"):
+        assert b"\r\n" + name in head, head
+
+
 def test_llama_server_extensions_on_openai_routes(llama_client_server, decoder):
     """What llama-server's clients read besides OpenAI's fields: logit_bias (ids; text keys as their tokens; false
     bans), system_fingerprint, /apply-template and the prompt's token count, and a context overflow's counts (its

@@ -257,12 +257,14 @@ class _Cors:
             return await self.app(scope, receive, send)
         origin = dict(scope["headers"]).get(b"origin", b"").decode("latin-1")
         allowed = self.allowed(origin)
-        named = [(b"access-control-allow-origin", allowed.encode("latin-1")), (b"vary", b"Origin")] if allowed else []
+        # the names as llama-server writes them: names are case-insensitive, but clients that read them from a plain
+        # dict (llama-server's own tests do) look them up so; specdec serve's HTTP layer (h11) keeps the case given
+        named = [(b"Access-Control-Allow-Origin", allowed.encode("latin-1")), (b"Vary", b"Origin")] if allowed else []
         if scope["method"] == "OPTIONS":
             await send({"type": "http.response.start", "status": 200, "headers": named + [
-                (b"access-control-allow-credentials", b"true"), (b"access-control-allow-methods", CORS_METHODS),
-                (b"access-control-allow-headers", CORS_HEADERS), (b"content-type", b"text/html"),
-                (b"content-length", b"0")]})
+                (b"Access-Control-Allow-Credentials", b"true"), (b"Access-Control-Allow-Methods", CORS_METHODS),
+                (b"Access-Control-Allow-Headers", CORS_HEADERS), (b"Content-Type", b"text/html"),
+                (b"Content-Length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
             return
 

@@ -476,3 +476,33 @@ def test_several_prompts_in_one_completion(served, reference):
                          ({"prompt": {"text": text}}, "prompt_string")):
         refused = _post(url, "/completion", {**body, **bad})
         assert refused.status_code == 400 and message in refused.text, refused.text
+
+
+def test_chat_template_file_replaces_the_bundles_in_every_worker(chat_bundle, tmp_path, monkeypatch):
+    """llama-server's --chat-template-file: the file's template renders every worker's prompts, with the bundle's
+    special tokens; a missing file or one that does not parse is one line at start."""
+    from specdec.decoding.text.chat import ChatTemplateError
+    from specdec.serving.app import ServerOptions, build_app
+    from specdec.serving.pool import DecoderPool, PoolOptions
+
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    pools = []
+    monkeypatch.setattr(DecoderPool, "__init__", lambda self, *a, _init=DecoderPool.__init__: (
+        pools.append(self), _init(self, *a))[1])
+    app = build_app(chat_bundle, ServerOptions(model_name=MODEL, chat_template_file=str(template)),
+                    PoolOptions(workers=2))
+    with served_app(app) as (url, _):
+        reply = _post(url, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]}).json()
+        eos = pools[0].decoder.chat_template.special_tokens.get("eos_token", "")
+        assert reply["prompt"] == f"[user] hi{eos}\n[assistant] "
+        assert [d.chat_template.origin for d in pools[0].decoders] == [str(template)] * 2
+        chat = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                   "temperature": 0})
+        assert chat.status_code == 200
+    with pytest.raises(ValueError, match="chat_template_file .* is not a file"):
+        ServerOptions(model_name=MODEL, chat_template_file=str(tmp_path / "missing.jinja"))
+    template.write_text("{% for m in messages %}")  # no endfor
+    with pytest.raises(ChatTemplateError, match="chat template file .*chat.jinja"):
+        build_app(chat_bundle, ServerOptions(model_name=MODEL, chat_template_file=str(template)))

@@ -39,7 +39,8 @@ MODEL_SOURCE = {"--hf-repo", "--hf-file", "--model", "-m", "--model-url", "--off
 TO_SPECDEC = {"--host": "--host", "--port": "--port", "--alias": "--model-name", "--ctx-size": "--ctx-size",
               "--parallel": "--workers", "--slot-save-path": "--slot-save-path", "--api-key": "--api-key",
               "--threads": "--threads", "--no-ui": "--no-webui", "--cors-origins": "--cors-origins",
-              "--seed": "--seed", "--slots": "--slots", "--no-slots": "--no-slots"}
+              "--seed": "--seed", "--slots": "--slots", "--no-slots": "--no-slots",
+              "--chat-template-file": "--chat-template-file"}
 
 LAUNCHER = '''#!{python}
 import os, sys

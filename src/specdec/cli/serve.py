@@ -47,6 +47,8 @@ def add_serve_parser(commands, add_load_args) -> None:
                             "give a comma list for several")
     serve.add_argument("--api-key-file", default=None, metavar="FILE",
                        help="a file of keys, one a line (llama-server's --api-key-file)")
+    serve.add_argument("--chat-template-file", default=None, metavar="FILE",
+                       help="a Jinja chat template to use instead of the bundle's (llama-server's flag)")
     serve.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
                        help="web pages whose scripts may read answers: localhost (default: pages of this machine), "
                             "* (any page, llama-server's default), a comma list of origins, or '' (none)")
@@ -115,7 +117,7 @@ def worker_context(args) -> int | None:
 
 
 # an option record's field -> the flag that sets it (its ValueError names the field first)
-FLAGS = {"cache_ram_mib": "--cache-ram", "suffix_cache_mib": "--suffix-cache", "slot_save_path": "--slot-save-path",
+FLAGS = {"chat_template_file": "--chat-template-file", "cache_ram_mib": "--cache-ram", "suffix_cache_mib": "--suffix-cache", "slot_save_path": "--slot-save-path",
          "seed": "--seed", "replicas": "--replicas", "max_replicas": "--max-replicas",
          "cpus_per_replica": "--cpus-per-replica"}
 
@@ -156,7 +158,8 @@ def cmd_serve(args) -> int:
         server_options = ServerOptions(model_name=names[0], aliases=names[1:], strict_model=args.strict_model_name,
                                        shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
                                        webui=not args.no_webui, api_keys=api_keys(args),
-                                       cors_origins=args.cors_origins, seed=args.seed, slots_endpoint=args.slots)
+                                       cors_origins=args.cors_origins, seed=args.seed, slots_endpoint=args.slots,
+                                       chat_template_file=args.chat_template_file)
         pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     except ValueError as exc:
         raise flag_named(exc) from None

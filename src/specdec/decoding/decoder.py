@@ -71,6 +71,7 @@ class SpeculativeDecoder:
         if identity is None and hasattr(manifest, "to_json"):
             identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
         self.identity = identity
+        self.chat_template = None  # a chat template given instead of the bundle's (decoding/text/chat.py)
         self.target = target
         self.draft = draft
         self.codec = codec
@@ -207,6 +208,7 @@ class SpeculativeDecoder:
         forked._costs_other_cores = self._costs_other_cores
         forked.context_reason = self.context_reason
         forked.closes_draft = self.closes_draft
+        forked.chat_template = self.chat_template
         return forked
 
     def wrap_target(self, wrap) -> None:

@@ -35,6 +35,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.decoding.load_options import BackgroundLoad, LoadOptions
+from specdec.decoding.text.chat import template_from_file
 from specdec.serving import webui
 from specdec.serving.dialects import dialects
 from specdec.serving.jobs import Engine
@@ -66,6 +67,7 @@ class ServerOptions:
     cors_origins: str = "localhost"
     seed: int | None = None  # llama-server's --seed: the seed of a request that gives none (None: fresh randomness)
     slots_endpoint: bool = True  # GET /slots answers (llama-server's --slots / --no-slots; False: a 501)
+    chat_template_file: str | None = None  # llama-server's --chat-template-file: used instead of the bundle's template
 
     def __post_init__(self):
         from specdec.contract.field_checks import int_in
@@ -73,6 +75,8 @@ class ServerOptions:
 
         if self.seed is not None:
             int_in(0, MAX_SEED)(self.seed, "seed")
+        if self.chat_template_file is not None and not os.path.isfile(self.chat_template_file):
+            raise ValueError(f"chat_template_file {self.chat_template_file!r} is not a file")
         if not self.model_name or not all(isinstance(name, str) and name for name in self.aliases):
             raise ValueError("model names must be non-empty")
         if self.slot_save_path is not None and not os.path.isdir(self.slot_save_path):
@@ -112,6 +116,9 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
     started = time.perf_counter()
     decoder.costs()  # this machine's pass costs now (stored after the first time), not in the first request
     log.info("pass costs ready in %.1f s", time.perf_counter() - started)
+    if server.chat_template_file is not None:  # before the pool forks the decoder: every worker renders with it
+        decoder.chat_template = template_from_file(decoder.bundle_dir, decoder.manifest, server.chat_template_file)
+        log.info("chat template: %s (instead of the bundle's)", server.chat_template_file)
     return create_app(DecoderPool(decoder, pool), server)
 
 

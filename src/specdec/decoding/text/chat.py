@@ -268,8 +268,29 @@ class ChatPrompt:
     stop_token_ids: tuple  # end-of-turn ids
 
 
+def template_from_file(bundle_dir, manifest, path) -> ChatTemplate:
+    """A chat template read from ``path`` (llama-server's ``--chat-template-file``), with the bundle's special tokens;
+    ChatTemplateError in one line when it is not a readable UTF-8 file that jinja2 parses."""
+    file = Path(path)
+    try:
+        source = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatTemplateError(f"chat template file {path}: {exc}") from None
+    try:
+        _compiled(source)
+    except ChatTemplateError as exc:
+        raise ChatTemplateError(f"chat template file {path}: {exc}") from None
+    folder = PurePosixPath(manifest.tokenizer_file).parent
+    config = _read_config(Path(bundle_dir), manifest, folder)
+    special = {key: _token_text(config[key]) for key in SPECIAL_TOKEN_NAMES if _token_text(config.get(key))}
+    return ChatTemplate(source, str(file), special)
+
+
 def chat_template_of(decoder) -> ChatTemplate:
-    """The decoder's bundle template; ChatTemplateError in one line when the bundle has none."""
+    """The decoder's template: the one it was given (``decoder.chat_template``, e.g. ``--chat-template-file``), else
+    its bundle's; ChatTemplateError in one line when there is none."""
+    if getattr(decoder, "chat_template", None) is not None:
+        return decoder.chat_template
     key = (str(decoder.bundle_dir), tuple(sorted(decoder.manifest.files.items())))
     if key not in _TEMPLATES:  # forks share the bundle: render setup is read once per bundle
         _TEMPLATES[key] = load_chat_template(decoder.bundle_dir, decoder.manifest)

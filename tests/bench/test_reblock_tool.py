@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from specdec.export.gguf_blocks import Grid  # noqa: E402
 from specdec.export.nbits import pack_grid  # noqa: E402
+from specdec.runners.standard import session_options  # noqa: E402  (the process's shared thread pool)
 
 
 def _tool():
@@ -52,7 +53,7 @@ def test_effective_weight_equals_onnxruntimes_product():
     weight, x_name = _tool().dequantized(model, model.graph.node[-1])
     assert x_name == "x" and weight.shape == (48, 128)
     x = np.random.default_rng(1).standard_normal((1, 128)).astype(np.float32)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), session_options(None), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight.T, rtol=1e-4, atol=1e-4)
 
 
@@ -64,7 +65,7 @@ def test_rewritten_node_reads_the_activation_and_the_block_sums_are_dropped():
     tool.prune(model)
     assert [node.op_type for node in model.graph.node] == ["MatMulNBits"]
     x = np.random.default_rng(1).standard_normal((1, 128)).astype(np.float32)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), session_options(None), providers=["CPUExecutionProvider"])
     error = np.abs(session.run(None, {"x": x})[0] - x @ weight.T).max()
     assert 0 < error < 0.1 * np.abs(x @ weight.T).max()  # a second rounding: close, not equal
 

@@ -133,8 +133,11 @@ def test_no_webui_reaches_the_server_options(monkeypatch):
     from specdec.cli.main import main
     from specdec.serving import app as app_module
 
+    from specdec.decoding import load_options
+
     seen = []
-    monkeypatch.setattr(app_module, "build_app", lambda bundle, server, *rest: seen.append(server) or object())
+    monkeypatch.setattr(app_module, "build_app", lambda bundle, server, *rest, **more: seen.append(server) or object())
+    monkeypatch.setattr(load_options, "BackgroundLoad", lambda *args, **kwargs: None)  # no bundle is read
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
     assert main(["serve", "some-bundle", "--no-webui"]) == 0
     assert main(["serve", "some-bundle"]) == 0

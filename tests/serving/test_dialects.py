@@ -107,7 +107,28 @@ def test_anthropic_blocks_become_chat_messages_in_order():
 GO_ON = {"role": "user", "content": "go on"}
 
 
+def test_anthropic_thinking_history_is_the_reasoning_content_templates_render():
+    """An earlier answer's thinking blocks (an agent sends its history back) become the assistant message's
+    reasoning_content, joined by blank lines; redacted ones carry nothing to render; a template that reads the field
+    writes it (Qwen3's <think> blocks), one that does not leaves it out."""
+    from specdec.decoding.text.chat import render_chat
+
+    body = _anthropic({"messages": [GO_ON, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "first", "signature": "sig"}, {"type": "redacted_thinking", "data": "x"},
+        {"type": "thinking", "thinking": "second"},
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]}]})
+    messages = anthropic.chat_messages(body.system, body.messages)
+    assert messages[1]["reasoning_content"] == "first\n\nsecond" and messages[1]["tool_calls"][0]["id"] == "toolu_1"
+    thinking = ("{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+                "{% endif %}{{ m.role }}\n{% endfor %}")
+    assert "<think>first\n\nsecond</think>assistant" in render_chat(thinking, messages)
+    plain = "{% for m in messages %}{{ m.role }}\n{% endfor %}"
+    assert "first" not in render_chat(plain, messages)
+
+
 @pytest.mark.parametrize("messages, field", [
+    ([{"role": "user", "content": [{"type": "thinking", "thinking": "t"}]}], "messages.0.content.0"),
     ([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}, GO_ON],
      "messages.0.content.0"),
     ([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "tool_use", "id": "t", "name": "f",

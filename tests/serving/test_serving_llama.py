@@ -500,7 +500,12 @@ def test_chat_template_file_replaces_the_bundles_in_every_worker(chat_bundle, tm
         assert [d.chat_template.origin for d in pools[0].decoders] == [str(template)] * 2
         chat = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                                                    "temperature": 0})
-        assert chat.status_code == 200
+        assert chat.status_code == 200 and "__verbose" not in chat.json()
+        # llama-server's verbose: the prompt as rendered (here by the file's template) and the answer
+        verbose = _post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 2, "temperature": 0, "verbose": True}).json()
+        assert verbose["__verbose"]["prompt"] == reply["prompt"]
+        assert verbose["__verbose"]["content"] == verbose["choices"][0]["message"]["content"]
     with pytest.raises(ValueError, match="chat_template_file .* is not a file"):
         ServerOptions(model_name=MODEL, chat_template_file=str(tmp_path / "missing.jinja"))
     template.write_text("{% for m in messages %}")  # no endfor

@@ -40,7 +40,7 @@ TO_SPECDEC = {"--host": "--host", "--port": "--port", "--alias": "--model-name",
               "--parallel": "--workers", "--slot-save-path": "--slot-save-path", "--api-key": "--api-key",
               "--threads": "--threads", "--no-ui": "--no-webui", "--cors-origins": "--cors-origins",
               "--seed": "--seed", "--slots": "--slots", "--no-slots": "--no-slots",
-              "--chat-template-file": "--chat-template-file"}
+              "--chat-template-file": "--chat-template-file", "--verbose": "--verbose"}
 
 LAUNCHER = '''#!{python}
 import os, sys
@@ -114,14 +114,18 @@ def main(argv=None) -> int:
     parser.add_argument("--gguf", default=None, help="the GGUF llama-server serves (the bundle's target's source)")
     parser.add_argument("--files", nargs="+", default=list(DEFAULT_FILES), help="the suite's unit/ files to run")
     parser.add_argument("--llama-src", default=None, help="an unpacked llama.cpp tree (default: the sdist's)")
-    parser.add_argument("--out", default=None, help="folder for results.json (default: a temporary folder)")
+    parser.add_argument("--out", default=None, help="folder for results.json (default: none kept, the table is printed)")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     parser.add_argument("--servers", default="specdec,llama",
                         help="which to run now (specdec, llama); results already in --out's results.json are kept")
     args = parser.parse_args(argv)
     if (args.llama_server is None) != (args.gguf is None):
         parser.error("--llama-server and --gguf go together")
-    work = Path(tempfile.mkdtemp(prefix="llama-server-tests-"))
+    with tempfile.TemporaryDirectory(prefix="llama-server-tests-") as folder:  # the sdist, launcher, reports: removed
+        return run(args, Path(folder))
+
+
+def run(args, work: Path) -> int:
     out = Path(args.out) if args.out else work
     out.mkdir(parents=True, exist_ok=True)
     tests = suite_dir(args.llama_src, work)

@@ -49,6 +49,8 @@ def add_serve_parser(commands, add_load_args) -> None:
                        help="a file of keys, one a line (llama-server's --api-key-file)")
     serve.add_argument("--chat-template-file", default=None, metavar="FILE",
                        help="a Jinja chat template to use instead of the bundle's (llama-server's flag)")
+    serve.add_argument("--verbose", action="store_true",
+                       help="chat answers carry __verbose, the prompt as rendered (llama-server's flag)")
     serve.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
                        help="web pages whose scripts may read answers: localhost (default: pages of this machine), "
                             "* (any page, llama-server's default), a comma list of origins, or '' (none)")
@@ -159,7 +161,7 @@ def cmd_serve(args) -> int:
                                        shutdown_grace=args.shutdown_grace, slot_save_path=args.slot_save_path,
                                        webui=not args.no_webui, api_keys=api_keys(args),
                                        cors_origins=args.cors_origins, seed=args.seed, slots_endpoint=args.slots,
-                                       chat_template_file=args.chat_template_file)
+                                       chat_template_file=args.chat_template_file, verbose=args.verbose)
         pool_options = PoolOptions(workers=args.workers, max_queue=args.max_queue)
     except ValueError as exc:
         raise flag_named(exc) from None

@@ -68,6 +68,7 @@ class ServerOptions:
     seed: int | None = None  # llama-server's --seed: the seed of a request that gives none (None: fresh randomness)
     slots_endpoint: bool = True  # GET /slots answers (llama-server's --slots / --no-slots; False: a 501)
     chat_template_file: str | None = None  # llama-server's --chat-template-file: used instead of the bundle's template
+    verbose: bool = False  # llama-server's --verbose: chat answers carry __verbose (the rendered prompt) unless asked not to
 
     def __post_init__(self):
         from specdec.contract.field_checks import int_in

@@ -28,7 +28,8 @@ from specdec.decoding.text.tools import ToolCall
 from specdec.serving.answers import specdec_fields
 from specdec.serving.chat_run import Conversation, render, start_chat
 from specdec.serving.dialects.anthropic_models import (ChooseAny, ChooseAuto, ChooseNone, CountTokensRequest,
-                                                       MessagesRequest, TextBlock, ToolResultBlock, ToolUseBlock)
+                                                       MessagesRequest, RedactedThinkingBlock, TextBlock,
+                                                       ThinkingBlock, ToolResultBlock, ToolUseBlock)
 from specdec.serving.jobs import Done, Engine
 from specdec.serving.turns import output_constraint
 from specdec.serving.wire import APIError, generation_options, option_error, sse
@@ -74,8 +75,9 @@ def chat_messages(system, messages: list) -> list:
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
             continue
-        misplaced = {"assistant": ToolResultBlock, "user": ToolUseBlock}.get(message.role, (ToolUseBlock,
-                                                                                           ToolResultBlock))
+        thinking = (ThinkingBlock, RedactedThinkingBlock)
+        misplaced = {"assistant": ToolResultBlock, "user": (ToolUseBlock, *thinking)}.get(
+            message.role, (ToolUseBlock, ToolResultBlock, *thinking))
         for index, block in enumerate(message.content):
             if isinstance(block, misplaced):
                 field = f"messages.{position}.content.{index}"
@@ -108,10 +110,12 @@ def _assistant(blocks: list) -> dict:
     calls = [{"id": block.id, "type": "function",
               "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}}
              for block in blocks if isinstance(block, ToolUseBlock)]
-    if texts or not calls:
-        message["content"] = texts
+    reasoning = "\n\n".join(block.thinking for block in blocks if isinstance(block, ThinkingBlock))
+    message["content"] = texts  # [] with calls only: "" to templates that read it unchecked (Qwen3's)
     if calls:
         message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = reasoning
     return message
 
 

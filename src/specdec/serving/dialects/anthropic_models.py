@@ -45,6 +45,21 @@ class ToolUseBlock(Strict):
     toolset_name: Text | None = None
 
 
+class ThinkingBlock(Strict):
+    """An earlier answer's reasoning, as a client sends its history back: the assistant message's
+    ``reasoning_content``, which templates that render reasoning (Qwen3's <think>) write and others leave out."""
+    type: Literal["thinking"]
+    thinking: Text
+    signature: Text | None = None  # Anthropic's integrity signature: nothing here checks or makes one
+    cache_control: CacheControl | None = None
+
+
+class RedactedThinkingBlock(Strict):
+    """Reasoning Anthropic's API encrypted: nothing to render."""
+    type: Literal["redacted_thinking"]
+    data: Text
+
+
 class ToolResultBlock(Strict):
     type: Literal["tool_result"]
     tool_use_id: Text
@@ -55,7 +70,7 @@ class ToolResultBlock(Strict):
 
 class Message(Strict):
     role: Literal["user", "assistant", "system"]
-    content: text_or(one_of(TextBlock, ToolUseBlock, ToolResultBlock))
+    content: text_or(one_of(TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock))
 
 
 class Tool(Strict):

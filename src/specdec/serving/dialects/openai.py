@@ -277,7 +277,10 @@ class Chat:
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]
         finish = "tool_calls" if calls and done.finish != "length" else finish_reason(done)
-        return {"id": ident, "object": "chat.completion", "created": created, "model": model,
+        verbose = self.server.verbose if body.verbose is None else body.verbose
+        debug = {"__verbose": {"prompt": codec.decode(run.turn.ids, skip_special=False), "content": content,
+                               "tokens_predicted": done.stats.new_tokens}} if verbose else {}
+        return debug | {"id": ident, "object": "chat.completion", "created": created, "model": model,
                 "system_fingerprint": system, "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(codec, done.logprobs),
                              "finish_reason": finish}],
                 "usage": usage(done.stats),

@@ -109,6 +109,9 @@ class ChatMessage(Strict):
     name: str | None = None
     tool_calls: list[ToolCallMessage] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool result: the call it answers
+    # an assistant's earlier reasoning (DeepSeek's and llama-server's field), for templates that render it (Qwen3's
+    # <think> blocks); a template that does not read it leaves it out
+    reasoning_content: Text | None = None
 
 
 class FunctionSpec(Strict):
@@ -156,3 +159,6 @@ class ChatCompletionRequest(_GenerationFields):
     add_generation_prompt: bool | None = None  # end with the assistant's header (default: unless continuing)
     # llama-server's: its timings per chunk; here the last chunks carry ``timings`` whether asked or not
     timings_per_token: bool = False
+    # llama-server's: a non-streamed answer carries ``__verbose`` (the rendered prompt, the answer); None: the
+    # server's --verbose
+    verbose: bool | None = None

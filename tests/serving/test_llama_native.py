@@ -165,6 +165,13 @@ def test_infill_as_llama_vim_sends_it(served, reference):
     assert slots[0]["n_prompt_tokens"] == expected.stats.prompt_tokens  # id_slot 0 ran it
 
 
+def test_empty_response_fields_is_every_field(served):
+    """llama-server reads response_fields [] as no selection: the whole answer (llama.vim's [""] selects nothing)."""
+    answer = requests.post(f"{served}/completion", json={"prompt": "a", "n_predict": 2, "response_fields": []},
+                           timeout=60).json()
+    assert "content" in answer and "generation_settings" in answer and "timings" in answer
+
+
 def test_infill_as_llama_vscode_sends_it(served):
     """llama.vscode (axios): chunks {text, time, filename}, top_p 0.99, samplers, t_max_prompt_ms; no model."""
     chunks = [{"text": "import os\n", "time": 1733000000.5, "filename": "a.py"}]

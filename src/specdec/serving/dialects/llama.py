@@ -173,7 +173,7 @@ class Generation:
                        prompt=codec.decode(ids, skip_special=False))
             if done.logprobs:
                 out["completion_probabilities"] = llama_probs(codec, done.logprobs)
-            return nested_values(body.response_fields, out) if body.response_fields is not None else out
+            return nested_values(body.response_fields, out) if body.response_fields else out  # []: every field
 
         def piece_lines(piece: Piece) -> list:
             decoded[0] += len(piece.token_ids)

@@ -3,13 +3,12 @@ and why, the row checks, the pass costs), read from the manifest and the cache f
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from specdec.contract.bundle import cache_dir, inside
 from specdec.contract.manifest import Manifest
-from specdec.decoding.calibration_store import cpu_model, stored_here
+from specdec.decoding.calibration_store import bundle_identity, cpu_model, stored_here
 
 
 def add_info_parser(commands) -> None:
@@ -69,7 +68,7 @@ def describe_entry(kind: str, key: dict, entry: dict) -> str:
 def cmd_info(args) -> int:
     root = Path(args.bundle)
     manifest = Manifest.read(root)
-    identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()  # the key loads store their findings under
+    identity = bundle_identity(manifest)  # the key loads store their findings under
     models = describe_models(root, manifest)
     found = stored_here(identity)
     if args.json:

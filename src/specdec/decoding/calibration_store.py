@@ -98,12 +98,22 @@ def cpu_flags_digest() -> str:
     return ""
 
 
-def machine_key(bundle_identity: str, provider: str, threads: int | None, **more) -> str:
-    """The key of what was measured for ``bundle_identity`` on this CPU, onnxruntime, provider and thread count."""
+def bundle_identity(manifest) -> str:
+    """What the stores key a bundle by: the sha256 of its manifest (which hashes every file)."""
+    return hashlib.sha256(manifest.to_json().encode()).hexdigest()
+
+
+def _this_machine(bundle_identity: str) -> dict:
+    """The fields of a key that name the bundle, this CPU (name and flags) and onnxruntime."""
     import onnxruntime
 
-    key = {"bundle": bundle_identity, "cpu": cpu_model(), "cpu_flags": cpu_flags_digest(),
-           "onnxruntime": onnxruntime.__version__, "provider": provider, "threads": threads or os.cpu_count(), **more}
+    return {"bundle": bundle_identity, "cpu": cpu_model(), "cpu_flags": cpu_flags_digest(),
+            "onnxruntime": onnxruntime.__version__}
+
+
+def machine_key(bundle_identity: str, provider: str, threads: int | None, **more) -> str:
+    """The key of what was measured for ``bundle_identity`` on this CPU, onnxruntime, provider and thread count."""
+    key = {**_this_machine(bundle_identity), "provider": provider, "threads": threads or os.cpu_count(), **more}
     return json.dumps(key, sort_keys=True)
 
 
@@ -180,11 +190,8 @@ def stored_here(bundle_identity: str, folder: Path | None = None) -> list:
     """What loads of ``bundle_identity`` stored about this CPU (name and flags) and onnxruntime: ``[(kind, key, entry)]``
     with ``kind`` "checks" (load-checks.json: weight form, row checks) or "costs" (pass-costs.json), ``key`` the entry's
     key as a dict without the fields that name the bundle and the machine, ``entry`` as stored."""
-    import onnxruntime
-
     folder = folder or cache_dir()
-    here = {"bundle": bundle_identity, "cpu": cpu_model(), "cpu_flags": cpu_flags_digest(),
-            "onnxruntime": onnxruntime.__version__}
+    here = _this_machine(bundle_identity)
     found = []
     for kind, name, layout in (("checks", CHECKS_FILE_NAME, CHECKS_LAYOUT), ("costs", FILE_NAME, LAYOUT)):
         for text, entry in _read(folder / name, layout).items():

@@ -21,7 +21,6 @@ Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the sta
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -31,8 +30,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
-from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, calibration_key, load_costs_entry,
-                                                load_row_checks, machine_key, save_costs, save_row_checks)
+from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, bundle_identity, calibration_key,
+                                                load_costs_entry, load_row_checks, machine_key, save_costs,
+                                                save_row_checks)
 from specdec.decoding.forms import choose_form
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
 from specdec.runners.backends import backend
@@ -69,7 +69,7 @@ class SpeculativeDecoder:
         self.manifest = manifest
         # the sha256 of the manifest's JSON: what the prompt cache and saved slot files are keyed by
         if identity is None and hasattr(manifest, "to_json"):
-            identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
+            identity = bundle_identity(manifest)
         self.identity = identity
         self.chat_template = None  # a chat template given instead of the bundle's (decoding/text/chat.py)
         self.target = target
@@ -148,7 +148,7 @@ class SpeculativeDecoder:
         if available is not None:
             check_fits(budget(root, manifest, max_context, step_tokens, caches=kv_caches), manifest, available,
                        max_context, caches=kv_caches)
-        identity = hashlib.sha256(manifest.to_json().encode()).hexdigest()
+        identity = bundle_identity(manifest)
         form = None  # the target's weight form, when the bundle carries several
         bundle_runners = backend_for(provider)
         with ThreadPoolExecutor(1) as background:

@@ -45,7 +45,7 @@ def load_chat_template(bundle_dir, manifest, name: str = "default") -> ChatTempl
     root = Path(bundle_dir)
     folder = PurePosixPath(manifest.tokenizer_file).parent
     config = _read_config(root, manifest, folder)
-    special = {key: _token_text(config[key]) for key in SPECIAL_TOKEN_NAMES if _token_text(config.get(key))}
+    special = _special_tokens(config)
     candidates = [folder / TEMPLATE_FILE] if name == "default" else []
     candidates.append(folder / TEMPLATES_DIR / f"{name}.jinja")
     for relative in map(str, candidates):
@@ -59,6 +59,12 @@ def load_chat_template(bundle_dir, manifest, name: str = "default") -> ChatTempl
     if isinstance(embedded, str) and embedded:
         return ChatTemplate(embedded, str(folder / CONFIG_FILE), special)
     return None
+
+
+def _special_tokens(config: dict) -> dict:
+    """bos_token, eos_token ... -> their text, from the bundle's tokenizer config (passed to templates as transformers
+    passes them)."""
+    return {key: _token_text(config[key]) for key in SPECIAL_TOKEN_NAMES if _token_text(config.get(key))}
 
 
 def _read_config(root: Path, manifest, folder: PurePosixPath) -> dict:
@@ -280,10 +286,8 @@ def template_from_file(bundle_dir, manifest, path) -> ChatTemplate:
         _compiled(source)
     except ChatTemplateError as exc:
         raise ChatTemplateError(f"chat template file {path}: {exc}") from None
-    folder = PurePosixPath(manifest.tokenizer_file).parent
-    config = _read_config(Path(bundle_dir), manifest, folder)
-    special = {key: _token_text(config[key]) for key in SPECIAL_TOKEN_NAMES if _token_text(config.get(key))}
-    return ChatTemplate(source, str(file), special)
+    config = _read_config(Path(bundle_dir), manifest, PurePosixPath(manifest.tokenizer_file).parent)
+    return ChatTemplate(source, str(file), _special_tokens(config))
 
 
 def chat_template_of(decoder) -> ChatTemplate:

@@ -74,3 +74,43 @@ def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path,
     text.write_text("x")
     with pytest.raises(SystemExit):
         tool.main([str(tiny_bundle), "--text", str(text), "--context", "64"])
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, TOOLS / "measure" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
+    """graph_profile's products-alone graph: every MatMulNBits / MatMulInteger of a graph (an int8 row product's
+    activation typed as its Cast makes it), reading the weights from the model's external data in place; the first
+    product, fed the graph's own input, gives the graph's own intermediate output bit for bit."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    from specdec.runners.standard import session_options
+
+    curve, profile = _load("kernel_curve"), _load("graph_profile")
+    for name, model in (("nbits", curve.nbits_model(64, 96, 32, 4, 1)), ("int8", curve.int8_rows_model(64, 96, 1))):
+        proto = onnx.load_from_string(model)
+        first = next(node for node in proto.graph.node if node.op_type in ("MatMulNBits", "MatMulInteger"))
+        element = onnx.TensorProto.FLOAT if first.op_type == "MatMulNBits" else onnx.TensorProto.INT32
+        proto.graph.output.append(helper.make_tensor_value_info(first.output[0], element, None))
+        folder = tmp_path / name
+        folder.mkdir()
+        onnx.save_model(proto, str(folder / "model.onnx"), save_as_external_data=True, location="model.data",
+                        size_threshold=0)
+        count, run = profile.products_alone_session(folder / "model.onnx", None)
+        outputs = run()
+        assert count == 2
+        assert [out.shape for out in outputs] == [(1, 1, 96), (1, 1, 64)]
+        assert outputs[0].dtype == (np.float32 if name == "nbits" else np.int32)
+        if name == "nbits":  # the first product reads the graph input itself: same feed, same weights
+            feed = np.random.default_rng(0).standard_normal((1, 1, 64)).astype(np.float32)
+            whole = ort.InferenceSession(str(folder / "model.onnx"), session_options(None),
+                                         providers=["CPUExecutionProvider"])
+            np.testing.assert_array_equal(outputs[0][0], whole.run([first.output[0]], {"x": feed[0]})[0])

@@ -1,5 +1,7 @@
-"""Profile a bundle's graphs: node counts by op type, per-op-type time of a decode and a T=5 pass, and the
-cost of one pass at two context lengths (does a pass's cost grow with the context?).
+"""Profile a bundle's graphs: node counts by op type, per-op-type time of a decode and a T=5 pass, the
+cost of one pass at two context lengths (does a pass's cost grow with the context?), and the weight products
+alone (every MatMulNBits / MatMulInteger of the graph, same weights, one token): what the rest of a one-token
+pass costs is the difference, measured without the profiler (whose per-node cost inflates small ops).
 
     python tools/measure/graph_profile.py BUNDLE [--role target] [--weight-form nbits|int8] [--contexts 256,1500]
         [--repeats 20] [--threads N]
@@ -62,6 +64,73 @@ def pass_seconds(runner, length: int, count: int, repeats: int, rng) -> tuple[fl
         runner.forward(tokens, positions)
         times.append(time.perf_counter() - start)
     return statistics.median(times), min(times)
+
+
+_PRODUCTS = {"MatMulNBits", "MatMulInteger"}
+_ELEMENT = {1: np.float32, 2: np.uint8, 3: np.int8}  # onnx element types a product's activation takes
+
+
+def products_alone_session(onnx_path: Path, threads):
+    """(products, run): ``run()`` runs a graph holding only ``onnx_path``'s weight products for one token.
+
+    Each product keeps its own weights (the bundle's external data, read in place: nothing is written into the
+    bundle) and gets a random activation row of the width and element type its graph feeds it; computed zero
+    points get zeros. Nothing else of the pass runs, so its time is what the weights' bytes cost."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    from specdec.runners.standard import session_options
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    makers = {out: node for node in model.graph.node for out in node.output}
+    rng = np.random.default_rng(0)
+    nodes, feeds, used = [], {}, []
+    for index, node in enumerate(n for n in model.graph.node if n.op_type in _PRODUCTS):
+        maker = makers.get(node.input[0])
+        element = next((a.i for a in maker.attribute if a.name == "to"), 1) if maker is not None and \
+            maker.op_type == "Cast" else 1
+        width = (next(a.i for a in node.attribute if a.name == "K") if node.op_type == "MatMulNBits"
+                 else weights[node.input[1]].dims[0])
+        inputs = []
+        for position, name in enumerate(node.input):
+            if not name or name in weights:
+                inputs.append(name)
+                continue
+            fed = f"in{index}.{position}"
+            dtype = _ELEMENT[element]
+            feeds[fed] = (rng.standard_normal((1, 1, width)).astype(dtype) if position == 0
+                          else np.zeros((), dtype))
+            inputs.append(fed)
+        product = helper.make_node(node.op_type, inputs, [f"out{index}"], domain=node.domain, name=node.name)
+        product.attribute.extend(node.attribute)
+        nodes.append(product)
+        used += [name for name in node.input if name in weights]
+    graph = helper.make_graph(
+        nodes, "products",
+        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+         for name, value in feeds.items()],
+        [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.INT32 if node.op_type == "MatMulInteger"
+                                       else onnx.TensorProto.FLOAT, None) for node in nodes],
+        [weights[name] for name in dict.fromkeys(used)])
+    alone = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    options = session_options(threads)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(onnx_path.parent))
+    session = ort.InferenceSession(alone.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return len(nodes), lambda: session.run(None, feeds)
+
+
+def products_alone(onnx_path: Path, threads, repeats: int) -> tuple[int, float, float]:
+    """(products, median, fastest seconds) of ``products_alone_session``'s graph, after a warm-up run."""
+    count, run = products_alone_session(onnx_path, threads)
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return count, statistics.median(times), min(times)
 
 
 def op_profile(onnx_path: Path, filled, threads, count: int, repeats: int, rng) -> dict:
@@ -149,6 +218,12 @@ def main(argv=None) -> int:
             median, fastest = pass_seconds(runner, length, count, args.repeats, rng)
             cells.append(f"context {length}: median {1000 * median:.2f} ms, fastest {1000 * fastest:.2f} ms")
         print(f"one pass of T={count}: " + "; ".join(cells))
+        if count == 1:
+            whole = pass_seconds(runner, contexts[0], 1, args.repeats, rng)[0]
+            products, median, fastest = products_alone(onnx_path, args.threads, args.repeats)
+            print(f"the {products} weight products alone, one token: median {1000 * median:.2f} ms, fastest "
+                  f"{1000 * fastest:.2f} ms; the whole pass at context {contexts[0]} (measured just before): "
+                  f"{1000 * whole:.2f} ms, the rest of it {1000 * (whole - median):+.2f} ms")
     return 0
 
 

@@ -114,6 +114,8 @@ def products_alone_session(onnx_path: Path, threads):
         [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.INT32 if node.op_type == "MatMulInteger"
                                        else onnx.TensorProto.FLOAT, None) for node in nodes],
         [weights[name] for name in dict.fromkeys(used)])
+    if not nodes:
+        raise ValueError(f"{onnx_path.name} holds no weight products (MatMulNBits / MatMulInteger)")
     alone = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     options = session_options(threads)
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(onnx_path.parent))
@@ -121,16 +123,19 @@ def products_alone_session(onnx_path: Path, threads):
     return len(nodes), lambda: session.run(None, feeds)
 
 
-def products_alone(onnx_path: Path, threads, repeats: int) -> tuple[int, float, float]:
-    """(products, median, fastest seconds) of ``products_alone_session``'s graph, after a warm-up run."""
+def products_beside_pass(runner, onnx_path: Path, length: int, threads, repeats: int, rng) -> tuple[int, float, float]:
+    """(products, median seconds of the products alone, median seconds of a whole one-token pass after ``length``
+    cached tokens), the two run alternately so that a burst of load on a shared machine lands on both alike."""
     count, run = products_alone_session(onnx_path, threads)
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return count, statistics.median(times), min(times)
+    _fill(runner, length, rng)
+    token = rng.integers(3, runner.spec.vocab_size, size=1)
+    alone, whole = [], []
+    for round_index in range(repeats + 1):
+        for kind in ("alone", "whole") if round_index % 2 else ("whole", "alone"):
+            start = time.perf_counter()
+            run() if kind == "alone" else runner.forward(token, [length])
+            (alone if kind == "alone" else whole).append(time.perf_counter() - start)
+    return count, statistics.median(alone[1:]), statistics.median(whole[1:])  # the first round warms up
 
 
 def op_profile(onnx_path: Path, filled, threads, count: int, repeats: int, rng) -> dict:
@@ -218,12 +223,14 @@ def main(argv=None) -> int:
             median, fastest = pass_seconds(runner, length, count, args.repeats, rng)
             cells.append(f"context {length}: median {1000 * median:.2f} ms, fastest {1000 * fastest:.2f} ms")
         print(f"one pass of T={count}: " + "; ".join(cells))
-        if count == 1:
-            whole = pass_seconds(runner, contexts[0], 1, args.repeats, rng)[0]
-            products, median, fastest = products_alone(onnx_path, args.threads, args.repeats)
-            print(f"the {products} weight products alone, one token: median {1000 * median:.2f} ms, fastest "
-                  f"{1000 * fastest:.2f} ms; the whole pass at context {contexts[0]} (measured just before): "
-                  f"{1000 * whole:.2f} ms, the rest of it {1000 * (whole - median):+.2f} ms")
+        if count == 1 and not any(node in raw for node in _PRODUCTS):
+            print("no weight products in this graph (MatMulNBits / MatMulInteger): nothing to time alone")
+        elif count == 1:
+            products, alone, whole = products_beside_pass(runner, onnx_path, contexts[0], args.threads,
+                                                          args.repeats, rng)
+            print(f"the {products} weight products alone, one token: median {1000 * alone:.2f} ms; the whole pass "
+                  f"at context {contexts[0]}, alternating with them: {1000 * whole:.2f} ms; the rest of the pass "
+                  f"{1000 * (whole - alone):+.2f} ms")
     return 0
 
 

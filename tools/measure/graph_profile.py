@@ -107,6 +107,8 @@ def products_alone_session(onnx_path: Path, threads):
         product.attribute.extend(node.attribute)
         nodes.append(product)
         used += [name for name in node.input if name in weights]
+    if not nodes:
+        raise ValueError(f"{onnx_path.name} holds no weight products (MatMulNBits / MatMulInteger)")
     graph = helper.make_graph(
         nodes, "products",
         [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
@@ -114,8 +116,6 @@ def products_alone_session(onnx_path: Path, threads):
         [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.INT32 if node.op_type == "MatMulInteger"
                                        else onnx.TensorProto.FLOAT, None) for node in nodes],
         [weights[name] for name in dict.fromkeys(used)])
-    if not nodes:
-        raise ValueError(f"{onnx_path.name} holds no weight products (MatMulNBits / MatMulInteger)")
     alone = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     options = session_options(threads)
     options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(onnx_path.parent))

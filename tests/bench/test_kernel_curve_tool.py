@@ -1,21 +1,16 @@
 """The cost tools on tiny inputs: kernel_curve.py (every kernel's row for every row count, ratios against one row),
 pass_widths.py (pass times by width while decoding, beside the calibration) and draft_agreement.py."""
 
-import importlib.util
 import sys
 
 import pytest
-from paths import TOOLS
+from paths import tool_module
 
 pytest.importorskip("onnx")
 
 
-def _tool():
-    path = TOOLS / "measure" / "kernel_curve.py"
-    spec = importlib.util.spec_from_file_location("kernel_curve", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _tool(name: str):
+    return tool_module(f"measure/{name}.py")
 
 
 def test_kernel_curve_prints_one_row_per_kernel(tmp_path, monkeypatch, capsys):
@@ -23,7 +18,7 @@ def test_kernel_curve_prints_one_row_per_kernel(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["kernel_curve.py", "--k", "64", "--n", "96", "--layers", "2", "--rows", "1,3",
                                       "--levels", "1,4", "--blocks", "32", "--repeats", "2", "--int8-rows",
                                       "--out", str(out)])
-    assert _tool().main() == 0
+    assert _tool("kernel_curve").main() == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "ms" in line]
     assert [row.split(" | ")[0] for row in rows] == ["| int4 b32 level 1", "| int4 b32 level 4",
                                                       "| int8 rows (MatMulInteger)", "| float32 MatMul (2 pairs)"]
@@ -36,10 +31,7 @@ def test_pass_widths_times_each_width_beside_the_calibration(tiny_bundle, tmp_pa
     the fresh calibration's ratio; the one-token row is 1.00x in every column."""
     import json
 
-    path = TOOLS / "measure" / "pass_widths.py"
-    spec = importlib.util.spec_from_file_location("pass_widths", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _tool("pass_widths")
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps([{"id": "p", "kind": "code", "prompt": "def f(x):\n    return x + x + x + x"}]))
     assert tool.main([str(tiny_bundle), str(prompts), "--modes", "suffix,target", "--max-new-tokens", "16",
@@ -57,10 +49,7 @@ def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path,
     compared a role with itself would report 1.0 there); a text shorter than one context is a usage error."""
     import json
 
-    path = TOOLS / "measure" / "draft_agreement.py"
-    spec = importlib.util.spec_from_file_location("draft_agreement", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _tool("draft_agreement")
     text = tmp_path / "text.txt"
     text.write_text("def add(a, b):\n    return a + b\n\nclass Point:\n    x = 1\n    y = 2\n" * 20)
     out = tmp_path / "agreement.json"
@@ -76,13 +65,6 @@ def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path,
         tool.main([str(tiny_bundle), "--text", str(text), "--context", "64"])
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOLS / "measure" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
     """graph_profile's products-alone graph: every MatMulNBits / MatMulInteger of a graph (an int8 row product's
     activation typed as its Cast makes it), reading the weights from the model's external data in place; the first
@@ -94,7 +76,7 @@ def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
 
     from specdec.runners.standard import session_options
 
-    curve, profile = _load("kernel_curve"), _load("graph_profile")
+    curve, profile = _tool("kernel_curve"), _tool("graph_profile")
     for name, model in (("nbits", curve.nbits_model(64, 96, 32, 4, 1)), ("int8", curve.int8_rows_model(64, 96, 1))):
         proto = onnx.load_from_string(model)
         first = next(node for node in proto.graph.node if node.op_type in ("MatMulNBits", "MatMulInteger"))

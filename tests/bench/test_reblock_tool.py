@@ -1,11 +1,9 @@
 """tools/inputs/reblock.py: a carried node's effective weight (codes, scales and the correction rows' minimum)
 equals what onnxruntime computes with it, and the block search rounds no worse than round-to-nearest."""
 
-import importlib.util
-
 import numpy as np
 import pytest
-from paths import TOOLS
+from paths import tool_module
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -19,10 +17,7 @@ from specdec.runners.standard import session_options  # noqa: E402  (the process
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("reblock", TOOLS / "inputs" / "reblock.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool_module("inputs/reblock.py")
 
 
 def _carried_model(n: int = 48, k: int = 128):

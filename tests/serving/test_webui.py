@@ -12,19 +12,17 @@ report it.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from paths import ROOT
+from paths import ROOT, tool_module
 
 ROOT = ROOT
 WEBUI = ROOT / "src" / "specdec" / "serving" / "webui"
@@ -146,10 +144,7 @@ def test_no_webui_reaches_the_server_options(monkeypatch):
 
 # ----------------------------------------------------------------------------- in a browser
 def _tool():
-    spec = importlib.util.spec_from_file_location("webui_screenshot", ROOT / "tools" / "check" / "webui_screenshot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool_module("check/webui_screenshot.py")
 
 
 @pytest.fixture(scope="module")

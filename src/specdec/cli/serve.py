@@ -119,9 +119,9 @@ def worker_context(args) -> int | None:
 
 
 # an option record's field -> the flag that sets it (its ValueError names the field first)
-FLAGS = {"chat_template_file": "--chat-template-file", "cache_ram_mib": "--cache-ram", "suffix_cache_mib": "--suffix-cache", "slot_save_path": "--slot-save-path",
-         "seed": "--seed", "replicas": "--replicas", "max_replicas": "--max-replicas",
-         "cpus_per_replica": "--cpus-per-replica"}
+FLAGS = {"chat_template_file": "--chat-template-file", "cache_ram_mib": "--cache-ram",
+         "suffix_cache_mib": "--suffix-cache", "slot_save_path": "--slot-save-path", "seed": "--seed",
+         "replicas": "--replicas", "max_replicas": "--max-replicas", "cpus_per_replica": "--cpus-per-replica"}
 
 
 def flag_named(exc: ValueError) -> ValueError:

@@ -63,6 +63,9 @@ def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bund
         return fake[form]
 
     monkeypatch.setattr(forms_module, "measure_form", measure)
+    # a quiet machine, whatever runs beside the tests: a choice measured beside other work is measured again by the
+    # next load (test_a_choice_measured_beside_other_work_is_measured_again_when_quiet), not what this test is about
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: 0.0)
     decoder = SpeculativeDecoder.load(two_form_bundle)
     assert decoder.weight_form == "int8" and measured == ["nbits", "int8"]
     again = SpeculativeDecoder.load(two_form_bundle)  # read from the store: nothing measured

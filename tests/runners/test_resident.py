@@ -144,10 +144,13 @@ def test_the_load_memory_tool_prefills_a_file_s_tokens(tiny_bundle, tmp_path):
 
 @pytest.mark.integration
 def test_load_releases_the_bundle_s_read_once_pages_once(tiny_bundle, monkeypatch):
-    """SpeculativeDecoder.load ends with release_after_load(bundle root), once (removing the call fails this)."""
+    """SpeculativeDecoder.load ends with release_after_load(bundle root), once: on the thread that opens the draft's
+    session after load returns, else before it returns (removing either call fails this)."""
     import specdec.decoding.decoder as decoder_module
 
     calls = []
     monkeypatch.setattr(decoder_module, "release_after_load", lambda root: calls.append(root))
-    decoder_module.SpeculativeDecoder.load(tiny_bundle, max_context=128, verify=False)
+    decoder = decoder_module.SpeculativeDecoder.load(tiny_bundle, max_context=128, verify=False)
+    if decoder.draft_opening is not None:
+        decoder.draft_opening.join(30)
     assert [str(root) for root in calls] == [str(tiny_bundle)]

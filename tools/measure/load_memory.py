@@ -75,6 +75,8 @@ def main() -> int:
             module.cache_zeros = lambda shape, dtype: np.zeros(shape, dtype)
     decoder = decoder_module.SpeculativeDecoder.load(args.bundle, threads=args.threads, max_context=args.max_context,
                                                      verify=False)
+    if decoder.draft_opening is not None:  # the draft's session, and the pages released after it
+        decoder.draft_opening.join()
     print(f"loaded (max_context {args.max_context}): {resident()}", flush=True)
     if args.calibrate:
         decoder.wrap_target(lambda runner: runner)  # forget any stored costs: measured now, not stored

@@ -5,9 +5,10 @@ import its web stack while onnxruntime packs the weights (``specdec serve`` answ
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
-from specdec.decoding.decoder import SpeculativeDecoder
+from specdec.decoding.decoder import AFTER_SESSION_START, SpeculativeDecoder
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,28 @@ class BackgroundLoad:
 
     def __init__(self, bundle, options: LoadOptions, kv_caches: int = 1):
         self._decoder, self._error = None, None
+        self._session_started = threading.Event()
         self._thread = threading.Thread(target=self._load, args=(bundle, options, kv_caches), daemon=True,
                                         name="specdec-load")
         self._thread.start()
 
     def _load(self, bundle, options: LoadOptions, kv_caches: int) -> None:
         try:
-            self._decoder = SpeculativeDecoder.load(bundle, **options.load_kwargs(), kv_caches=kv_caches)
+            self._decoder = SpeculativeDecoder.load(bundle, **options.load_kwargs(), kv_caches=kv_caches,
+                                                    session_started=self._session_started)
         except Exception as exc:  # handed to the caller of result()
             self._error = exc
+        finally:
+            self._session_started.set()
+
+    def let_it_start(self, limit: float = 0.5) -> None:
+        """Wait (at most ``limit`` seconds) until the target's session is being made, so that the caller's own
+        Python (a web stack's imports) does not hold the GIL the load's Python needs until then. A load that
+        failed by then (a folder that is no bundle, a context that does not fit) raises here."""
+        if self._session_started.wait(limit):
+            if not self._thread.is_alive() and self._error is not None:
+                raise self._error
+            time.sleep(AFTER_SESSION_START)
 
     def result(self):
         self._thread.join()

@@ -408,15 +408,20 @@ def test_serve_cache_ram_reaches_the_decoder(fim_bundle, monkeypatch):
     original = app_module.create_app
 
     def capture(pool, options):
-        built["pool"] = pool
-        return original(pool, options)
+        built["app"] = original(pool, options)
+        return built["app"]
+
+    def until_loaded(server, sockets=None):  # instead of serving: returns once the loaded pool is attached
+        engine, started = built["app"].state.engine, time.monotonic()
+        while not engine.ready and time.monotonic() - started < 120:
+            time.sleep(0.05)
 
     monkeypatch.setattr(app_module, "create_app", capture)
     import uvicorn
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    monkeypatch.setattr(uvicorn.Server, "run", until_loaded)
     assert cmd_serve(args) == 0
-    pool = built["pool"]
+    pool = built["app"].state.engine.pool
     try:
         cache = pool.decoder.prompt_cache
         assert cache is not None and cache.stats()["capacity_bytes"] == 16 * 2**20

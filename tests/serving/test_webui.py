@@ -134,9 +134,10 @@ def test_no_webui_reaches_the_server_options(monkeypatch):
     from specdec.decoding import load_options
 
     seen = []
-    monkeypatch.setattr(app_module, "build_app", lambda bundle, server, *rest, **more: seen.append(server) or object())
+    monkeypatch.setattr(app_module, "create_app", lambda pool, server: seen.append(server) or object())
+    monkeypatch.setattr(app_module, "attach_loaded", lambda *args: None)
     monkeypatch.setattr(load_options, "BackgroundLoad", lambda *args, **kwargs: None)  # no bundle is read
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *args, **kwargs: None)
     assert main(["serve", "some-bundle", "--no-webui"]) == 0
     assert main(["serve", "some-bundle"]) == 0
     assert [options.webui for options in seen] == [False, True]

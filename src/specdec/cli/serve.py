@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB as DEFAULT_SUFFIX_CACHE_MIB
@@ -149,10 +150,12 @@ def cmd_serve(args) -> int:
     # the weights are packed on a thread while the web stack is imported and the other flags are checked (each
     # Ray replica loads its own)
     loading = None if args.ray else BackgroundLoad(args.bundle, load_options, args.workers)
+    if loading is not None:
+        loading.let_it_start()
     try:
         import uvicorn
 
-        from specdec.serving.app import LOCAL_HOSTS, ServerOptions, build_app
+        from specdec.serving.app import LOCAL_HOSTS, ServerOptions, attach_loaded, create_app
         from specdec.serving.pool import PoolOptions
     except ImportError as exc:
         raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
@@ -180,19 +183,33 @@ def cmd_serve(args) -> int:
     if exposed and not server_options.api_keys:
         print(f"specdec: serving on {', '.join(exposed)} without --api-key: anyone who reaches that address can use "
               "the API", file=sys.stderr)
-    app = build_app(args.bundle, server_options, pool_options, load_options, loading=loading)
+    # as llama-server: the port answers at once (503 "Loading model") and the routes once the bundle is loaded
+    app = create_app(None, server_options)
     if server_options.webui:
         import logging
 
         shown = f"[{hosts[0]}]" if ":" in hosts[0] else hosts[0]
         logging.getLogger("specdec.serve").info("chat page: http://%s:%d/ (--no-webui: none)", shown, args.port)
+    settings = dict(timeout_graceful_shutdown=args.shutdown_grace, log_level="info", http=HTTP_PROTOCOL)
+    sockets = None
     if len(hosts) == 1:
-        uvicorn.run(app, host=hosts[0], port=args.port, timeout_graceful_shutdown=args.shutdown_grace,
-                    log_level="info", http=HTTP_PROTOCOL)
+        server = uvicorn.Server(uvicorn.Config(app, host=hosts[0], port=args.port, **settings))
     else:  # llama-server's --host "127.0.0.1,::1": one server listening on every address
-        server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=args.shutdown_grace, log_level="info",
-                                               http=HTTP_PROTOCOL))
-        server.run(sockets=listening_sockets(hosts, args.port))
+        sockets = listening_sockets(hosts, args.port)
+        server = uvicorn.Server(uvicorn.Config(app, **settings))
+    failed = []
+
+    def ready() -> None:
+        try:
+            attach_loaded(app, args.bundle, server_options, pool_options, load_options, loading)
+        except BaseException as exc:  # the server stops; the error is this command's (one line, exit 2)
+            failed.append(exc)
+            server.should_exit = True
+
+    threading.Thread(target=ready, name="specdec-ready", daemon=True).start()
+    server.run(sockets=sockets)
+    if failed:
+        raise failed[0]
     return 0
 
 

@@ -14,7 +14,8 @@ Generation runs in the pool's worker threads; a client that goes away cancels
 its job.
 
 ``build_app`` is the one load -> pool -> app path (``specdec serve`` and each Ray Serve replica);
-``create_app`` mounts the dialects over a pool.
+``create_app`` mounts the dialects over a pool, or over none yet (503 "Loading model", as llama-server answers
+while it loads), and ``attach_loaded`` gives it the loaded bundle's pool.
 """
 
 from __future__ import annotations
@@ -110,9 +111,21 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
               load: LoadOptions | None = None, loading=None) -> FastAPI:
     """Load ``bundle``, fork a pool of its decoders, and the app serving it: ``specdec serve``'s and each Ray
     replica's one path from a bundle to an app. ``loading``: the same load already under way
-    (``load_options.BackgroundLoad``, started with ``load`` and ``pool.workers``), whose decoder this waits for."""
+    (``load_options.BackgroundLoad``, started with ``load`` and ``pool.workers``), whose decoder this waits for.
+    The app is built while the bundle loads; ``specdec serve`` serves it meanwhile (``create_app`` without a pool,
+    then ``attach_loaded``)."""
     load, pool = load or LoadOptions(), pool or PoolOptions()
-    decoder = (loading or BackgroundLoad(bundle, load, pool.workers)).result()
+    loading = loading or BackgroundLoad(bundle, load, pool.workers)
+    app = create_app(None, server)
+    attach_loaded(app, bundle, server, pool, load, loading)
+    return app
+
+
+def attach_loaded(app: FastAPI, bundle, server: ServerOptions, pool: PoolOptions, load: LoadOptions,
+                  loading) -> None:
+    """Wait for ``loading``'s decoder, measure or read this machine's pass costs, and give ``app`` (made by
+    ``create_app(None, ...)``) its pool: from then on it answers. Raises what the load raised."""
+    decoder = loading.result()
     log.info("loaded %s on %s: max_context %d", bundle, load.provider, decoder.max_context)  # load logged why
     started = time.perf_counter()
     decoder.costs()  # this machine's pass costs now (stored after the first time), not in the first request
@@ -120,34 +133,40 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
     if server.chat_template_file is not None:  # before the pool forks the decoder: every worker renders with it
         decoder.chat_template = template_from_file(decoder.bundle_dir, decoder.manifest, server.chat_template_file)
         log.info("chat template: %s (instead of the bundle's)", server.chat_template_file)
-    return create_app(DecoderPool(decoder, pool), server)
+    app.state.engine.attach(DecoderPool(decoder, pool))
 
 
-def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
-    """The FastAPI app serving ``pool`` in every dialect; closing the app closes the pool."""
+def create_app(pool: DecoderPool | None, options: ServerOptions) -> FastAPI:
+    """The FastAPI app serving ``pool`` in every dialect; closing the app closes the pool. ``pool`` None: the app
+    answers every route but the chat page's files with llama-server's 503 "Loading model" until
+    ``app.state.engine.attach(pool)`` (``attach_loaded``)."""
     metrics = Metrics()
+    engine = Engine(pool, options, metrics)
 
     @asynccontextmanager
     async def lifespan(app):
         yield
-        await asyncio.to_thread(pool.close, options.shutdown_grace)
+        if engine.pool is not None:
+            await asyncio.to_thread(engine.pool.close, options.shutdown_grace)
 
     app = FastAPI(title="specdec", lifespan=lifespan)
-    if options.api_keys:  # added first, so it runs inside the counting: a 401 is counted as any answer
-        app.add_middleware(_RequireApiKey, keys=options.api_keys,
-                           public=PUBLIC_PATHS | (webui.page_paths() if options.webui else frozenset()))
+    app.state.engine = engine
+    pages = webui.page_paths() if options.webui else frozenset()
+    app.add_middleware(_WhileLoading, engine=engine, open_paths=pages)
+    if options.api_keys:  # added after the loading gate, so it runs before it (as llama-server's key check does)
+        app.add_middleware(_RequireApiKey, keys=options.api_keys, public=PUBLIC_PATHS | pages)
     if options.cors_origins:  # outside the key check: a preflight carries no credentials
         app.add_middleware(_Cors, origins=options.cors_origins)
     app.add_middleware(_CountRequests, metrics=metrics)
     _add_error_handlers(app)
-    engine = Engine(pool, options, metrics)
 
     async def health():
+        pool = engine.pool
         return {"status": "shutting_down" if pool.closed else "ok", "pid": os.getpid(),
                 "workers": pool.options.workers, "busy": pool.busy, "queue_depth": pool.waiting}
 
     async def prometheus():
-        return PlainTextResponse(metrics.render(pool), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(engine.pool), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     for path in ("/health", "/v1/health"):
         app.add_api_route(path, health, methods=["GET"])
@@ -157,6 +176,24 @@ def create_app(pool: DecoderPool, options: ServerOptions) -> FastAPI:
     if options.webui:
         webui.mount(app, options.webui_dir)
     return app
+
+
+class _WhileLoading:
+    """llama-server's answer while its model loads: every request but the chat page's files gets 503 with
+    ``{"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}`` until the engine has its
+    pool. The port answers from the server's first moment, so a client polling /health sees the load under way."""
+
+    BODY = json.dumps({"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}).encode()
+
+    def __init__(self, app, engine: Engine, open_paths: frozenset):
+        self.app, self.engine, self.open_paths = app, engine, open_paths
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.engine.ready or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json; charset=utf-8"), (b"retry-after", b"1")]})
+        await send({"type": "http.response.body", "body": self.BODY})
 
 
 def _error_shape(path: str):

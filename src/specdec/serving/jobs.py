@@ -187,11 +187,22 @@ def stream_work(prepared: Prepared, codec):
 
 
 class Engine:
-    """What every generating route shares: validation through the decoder, the pool, the items back."""
+    """What every generating route shares: validation through the decoder, the pool, the items back. ``pool``: None
+    while the bundle loads (the app answers 503 meanwhile: serving/app.py), given once by ``attach``."""
 
-    def __init__(self, pool: DecoderPool, options, metrics: Metrics):
+    def __init__(self, pool: DecoderPool | None, options, metrics: Metrics):
         self.pool, self.options, self.metrics = pool, options, metrics
-        self.decoder = pool.decoder
+
+    def attach(self, pool: DecoderPool) -> None:
+        self.pool = pool
+
+    @property
+    def ready(self) -> bool:
+        return self.pool is not None
+
+    @property
+    def decoder(self):
+        return self.pool.decoder
 
     @property
     def codec(self):

@@ -40,8 +40,15 @@ class TokenRoutes:
     """``POST /tokenize`` and ``POST /detokenize``."""
 
     def __init__(self, engine: Engine):
-        self.codec = engine.codec
-        self.vocab = engine.decoder.manifest.target.vocab_size
+        self.engine = engine
+
+    @property
+    def codec(self):
+        return self.engine.codec
+
+    @property
+    def vocab(self) -> int:
+        return self.engine.decoder.manifest.target.vocab_size
 
     async def tokenize(self, body: TokenizeRequest):
         content = body.content

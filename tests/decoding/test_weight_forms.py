@@ -79,6 +79,35 @@ def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bund
 
 
 @pytest.mark.integration
+def test_a_noisy_choice_runs_at_once_and_a_quiet_load_measures_it_again(two_form_bundle, monkeypatch, tmp_path):
+    """A choice stored from a measurement beside other work: a busy load runs it with nothing measured and no
+    wait; a load during whose session-making other processes stayed quiet measures the forms again and runs the
+    new choice (a load that never watched, or always measured, fails this)."""
+    from specdec import SpeculativeDecoder
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    measured = []
+    fake = {"nbits": _costs(0.01, 0.02, 0.5), "int8": _costs(0.012, 0.015, 0.1)}
+
+    def measure(path, spec, provider, threads):
+        form = "int8" if "target-int8" in path else "nbits"
+        measured.append(form)
+        return fake[form]
+
+    busy = {"cores": 0.6}
+    monkeypatch.setattr(forms_module, "measure_form", measure)
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: busy["cores"])
+    assert SpeculativeDecoder.load(two_form_bundle).weight_form == "int8" and len(measured) == 2  # beside work
+    assert SpeculativeDecoder.load(two_form_bundle).weight_form == "int8" and len(measured) == 2  # still busy
+    busy["cores"] = 0.0
+    fake["nbits"] = _costs(0.005, 0.01, 0.09)  # quiet, nbits is faster
+    quiet = SpeculativeDecoder.load(two_form_bundle)
+    assert quiet.weight_form == "nbits" and len(measured) == 4
+    assert quiet.generate("def add(a, b):\n", max_new_tokens=4).token_ids  # the new form's session runs
+    assert SpeculativeDecoder.load(two_form_bundle).weight_form == "nbits" and len(measured) == 4  # stored quiet
+
+
+@pytest.mark.integration
 def test_a_real_measurement_picks_a_form_and_every_mode_is_target_only_in_each(two_form_bundle, monkeypatch, tmp_path):
     from specdec import SpeculativeDecoder
 
@@ -104,9 +133,8 @@ def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkey
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     spec = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
-    load = {"cores": 0.6, "quiet": False}
+    load = {"cores": 0.6}
     monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: load["cores"])
-    monkeypatch.setattr(forms_module, "machine_is_quiet", lambda: load["quiet"])
     calls = []
     costs = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}
 
@@ -115,11 +143,13 @@ def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkey
         return costs[path.rsplit("/", 1)[-1]]
 
     assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "int8" and len(calls) == 2
+    assert forms_module.noisy_choice(spec, "id", "cpu", 2)
     assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "int8" and len(calls) == 2  # busy now
-    load.update(cores=0.0, quiet=True)
+    load.update(cores=0.0)
     costs["a.onnx"] = _costs(0.005, 0.01, 0.09)  # measured quiet, nbits wins: the noisy choice is replaced
-    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "nbits" and len(calls) == 4
-    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure)[0] == "nbits" and len(calls) == 4  # stored
+    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure, quiet=True)[0] == "nbits" and len(calls) == 4
+    assert not forms_module.noisy_choice(spec, "id", "cpu", 2)
+    assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure, quiet=True)[0] == "nbits" and len(calls) == 4
 
 
 @pytest.mark.integration

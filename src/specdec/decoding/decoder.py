@@ -21,6 +21,7 @@ Every pass goes through a ``TimedRunner`` (runners/timing.py) that feeds the sta
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -33,7 +34,7 @@ from specdec.contract.bundle import default_hash_cache, inside, open_bundle
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, bundle_identity, calibration_key,
                                                 load_costs_entry, load_row_checks, machine_key, save_costs,
                                                 save_row_checks)
-from specdec.decoding.forms import choose_form
+from specdec.decoding.forms import choose_form, noisy_choice, quiet_since
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
 from specdec.runners.backends import backend
 from specdec.runners.factory import backend_for, make_runner
@@ -169,14 +170,28 @@ class SpeculativeDecoder:
                     runners = bundle_runners(root, manifest, max_context)
                 else:
                     form, target_file = choose_form(root, manifest.target, identity, provider, threads, weight_form)
+                    # a choice stored from a measurement beside other work: the CPU is watched while the target's
+                    # session is made, and the forms measured again after it if other processes stayed quiet
+                    watch = (OtherLoad() if weight_form is None and noisy_choice(manifest.target, identity, provider,
+                                                                                  threads) else None)
                     files = {"target": target_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft else {})
+
+                    def make(role: str, spec):
+                        return make_runner(str(inside(root, files[role])), spec, provider, max_context, step_tokens,
+                                           threads, kept_ids=load_kept_ids(root, spec),
+                                           session=DEFERRED if role == "draft" else None)
+
                     making.set()
-                    runners = {
-                        role: make_runner(str(inside(root, files[role])), spec, provider, max_context, step_tokens,
-                                          threads, kept_ids=load_kept_ids(root, spec),
-                                          session=DEFERRED if role == "draft" else None)
-                        for role, spec in manifest.models().items()
-                    }
+                    runners = {role: make(role, spec) for role, spec in manifest.models().items()}
+                    if watch is not None and quiet_since(watch):
+                        log.info("the weight-form choice stored here was measured beside other work and this load "
+                                 "found the machine quiet: measuring the forms again")
+                        runners.pop("target").reset()
+                        gc.collect()
+                        trim_heap()  # that session's packed weights go back before the forms are measured
+                        form, files["target"] = choose_form(root, manifest.target, identity, provider, threads,
+                                                            quiet=True)
+                        runners["target"] = make("target", manifest.target)
             finally:
                 making.set()
             if getattr(runners["target"], "sessions", None) is not None:

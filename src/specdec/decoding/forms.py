@@ -8,8 +8,9 @@ keeps the form that runs a reference turn soonest: ``REFERENCE_TURN`` passes of 
 prefilled in 64-token passes, then 128 new tokens as 64 one-token passes (rounds without a proposal, target-only
 decoding) and 32 four-token verify passes. The choice and its measurements are stored per bundle, CPU (name and
 flags), onnxruntime, provider and thread count (decoding/calibration_store.py), so later loads read it; a choice
-measured while other processes used the CPU is measured again by the first later load that finds the machine quiet
-(a quarter of a second watched). A caller
+measured while other processes used the CPU is measured again by the first later load that finds the machine quiet:
+such a load runs the stored choice at once and watches the CPU while it makes the target's session (no load waits
+to find out), and measures the forms again after it when other processes stayed under ``OTHER_CORES_LIMIT``. A caller
 that knows better names a form (``SpeculativeDecoder.load(weight_form=...)``, ``--weight-form``).
 
 Every form computes the same model within its quantization (each passed the exporter's parity check); greedy
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 
 from specdec.contract.bundle import inside
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, load_check, machine_key,
@@ -36,15 +36,17 @@ MEASURED_CONTEXT = 256  # cached tokens behind the timed passes
 REPEATS = 3
 
 
-QUIET_SAMPLE_SECONDS = 0.25  # how long a load watches the CPU before measuring a noisy choice again
-
-
-def machine_is_quiet(seconds: float = QUIET_SAMPLE_SECONDS) -> bool:
-    """Whether other processes used less than OTHER_CORES_LIMIT cores over the next ``seconds``."""
-    other = OtherLoad()
-    time.sleep(seconds)
-    cores = other.cores()
+def quiet_since(watch: OtherLoad) -> bool:
+    """Whether other processes used at most OTHER_CORES_LIMIT cores since ``watch`` began."""
+    cores = watch.cores()
     return cores is not None and cores <= OTHER_CORES_LIMIT
+
+
+def noisy_choice(spec, identity: str, provider: str, threads: int | None) -> bool:
+    """Whether this machine's stored choice of ``spec``'s form was measured beside other work (measured again by a
+    load that finds the machine quiet: ``choose_form(quiet=True)``)."""
+    stored = load_check(machine_key(identity, provider, threads, checks="weight_form"))
+    return stored is not None and other_cores_of(stored) > OTHER_CORES_LIMIT
 
 
 def turn_seconds(costs: dict) -> float:
@@ -69,9 +71,11 @@ def measure_form(onnx_path: str, spec, provider: str, threads: int | None) -> di
 
 
 def choose_form(root, spec, identity: str, provider: str, threads: int | None, wanted: str | None = None,
-                measure=None) -> tuple[str, str]:
+                measure=None, quiet: bool = False) -> tuple[str, str]:
     """(form, onnx file) of ``spec`` to run: ``wanted`` when given, the only one when there is one, else this
-    machine's stored choice or a new measurement (stored; ``measure``: a form's timing, default ``measure_form``)."""
+    machine's stored choice or a new measurement (stored; ``measure``: a form's timing, default ``measure_form``).
+    ``quiet``: this load found the machine quiet, so a choice stored from a measurement beside other work is
+    measured again."""
     measure = measure or measure_form
     forms = dict(spec.weight_forms) or {None: spec.onnx_file}
     if wanted is not None:
@@ -83,8 +87,8 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
         return next(iter(forms.items()))
     key = machine_key(identity, provider, threads, checks="weight_form")
     stored = load_check(key)
-    if stored is not None and stored.get("form") in forms and not (
-            other_cores_of(stored) > OTHER_CORES_LIMIT and machine_is_quiet()):  # measured beside other work: again at a quiet load
+    if stored is not None and stored.get("form") in forms and not (other_cores_of(stored) > OTHER_CORES_LIMIT
+                                                                    and quiet):
         return stored["form"], forms[stored["form"]]
     other = OtherLoad()
     costs = {name: measure(str(inside(root, path)), spec, provider, threads) for name, path in forms.items()}

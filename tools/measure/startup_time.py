@@ -3,9 +3,12 @@ GGUF, quiet or beside a process that keeps ``--load`` cores busy (a duty-cycled 
 runner beside the server would).
 
     python tools/measure/startup_time.py BUNDLE [--llama-server BIN --gguf FILE] [--starts 3] [--load 0.5] [--fresh-cache]
+        [--checkout DIR ...]
 
 ``--fresh-cache`` points SPECDEC_CACHE at an empty folder for the first start (what a first start on a new machine
-measures and stores), then keeps it for the later starts. Every server binds 127.0.0.1.
+measures and stores), then keeps it for the later starts. ``--checkout DIR`` (repeatable) also starts specdec from
+another source tree (``DIR/src`` first on PYTHONPATH, e.g. a ``git worktree`` of an earlier commit), each start
+of every arm in turn, the order reversed every other start. Every server binds 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--load", type=float, default=0.0, help="cores kept busy beside the servers (0: quiet)")
     parser.add_argument("--fresh-cache", action="store_true", help="an empty SPECDEC_CACHE for the first start")
+    parser.add_argument("--checkout", action="append", default=[], help="another source tree to start specdec from")
     args = parser.parse_args(argv)
     env = dict(os.environ)
     if args.fresh_cache:
@@ -78,12 +82,17 @@ def main(argv=None) -> int:
     for share in [1.0] * int(whole) + ([part] if part > 0 else []):
         spinners.append(multiprocessing.Process(target=_spin, args=(share, stop), daemon=True))
         spinners[-1].start()
+    arms = [("specdec", env)] + [(f"specdec at {folder}", dict(env, PYTHONPATH=os.path.join(folder, "src")))
+                                 for folder in args.checkout]
     try:
         for start in range(args.starts):
-            port = _free_port()
-            specdec = time_to_health([sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--port",
-                                      str(port), "--host", "127.0.0.1"], env, port)
-            line = f"start {start + 1}: specdec {specdec:.2f} s"
+            line = f"start {start + 1}:"
+            for name, arm_env in arms if start % 2 == 0 else arms[::-1]:
+                port = _free_port()
+                seconds = time_to_health([sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--port",
+                                          str(port), "--host", "127.0.0.1"], arm_env, port)
+                line += f" {name} {seconds:.2f} s,"
+            line = line.rstrip(",")
             if args.llama_server:
                 port = _free_port()
                 llama = time_to_health([args.llama_server, "-m", args.gguf, "--port", str(port), "--host",

@@ -14,10 +14,11 @@ from specdec.decoding.text.chat import ChatTemplateError
 from specdec.decoding.constraint import Constraint, ConstraintError, TokenLogprob
 from specdec.decoding.decoder import GenerationResult, GenerationStats, SpeculativeDecoder
 from specdec.decoding.options import ContextLengthError, GenerationError, GenerationOptions
+from specdec.decoding.request import PrefillProgress
 from specdec.runners.memory import MemoryBudgetError
 from specdec.sampling.processors import DistributionError, SamplingConfig
 
 __all__ = ["SpeculativeDecoder", "GenerationOptions", "SamplingConfig", "GenerationResult", "GenerationStats",
            "GenerationError", "ContextLengthError", "DistributionError", "BundleError", "ChatTemplateError",
-           "MemoryBudgetError", "Constraint", "ConstraintError", "TokenLogprob"]
+           "MemoryBudgetError", "Constraint", "ConstraintError", "TokenLogprob", "PrefillProgress"]
 __version__ = "0.2.0"

@@ -516,3 +516,50 @@ def test_chat_template_file_replaces_the_bundles_in_every_worker(chat_bundle, tm
     template.write_text("{% for m in messages %}")  # no endfor
     with pytest.raises(ChatTemplateError, match="chat template file .*chat.jinja"):
         build_app(chat_bundle, ServerOptions(model_name=MODEL, chat_template_file=str(template)))
+
+
+# ----------------------------------------------------------------------------- return_progress, timings_per_token
+def _progress(events) -> list:
+    return [event["prompt_progress"] for event in events if "prompt_progress" in event]
+
+
+def test_return_progress_reports_the_prompt_before_the_first_token_on_every_route(served):
+    """llama-server's ``return_progress``: the first report has cache == processed, the reports grow, the last has
+    processed == total; a prompt sent again reports its reused tokens; text comes after the last report (a server
+    that never reports, or reports out of order, fails this)."""
+    long_text = "def f(x):\n    return x + 1\n" * 12
+    chat = {"messages": [{"role": "user", "content": long_text}], "max_tokens": 4, "temperature": 0, "stream": True,
+            "return_progress": True}
+    for path, body in (("/v1/chat/completions", chat), ("/completion", {"prompt": long_text, "n_predict": 4,
+                                                                       "stream": True, "return_progress": True})):
+        for attempt in range(2):  # the second reads most of its prompt from the worker's cache
+            events = _sse(served, path, body)
+            reports = _progress(events)
+            assert reports and reports[0]["cache"] == reports[0]["processed"], (path, reports)
+            assert all(a["processed"] < b["processed"] for a, b in zip(reports, reports[1:])), reports
+            assert reports[-1]["processed"] == reports[-1]["total"] > 0
+            assert all(set(r) == {"total", "cache", "processed", "time_ms"} for r in reports)
+            last_report = max(i for i, event in enumerate(events) if "prompt_progress" in event)
+            texts = [i for i, event in enumerate(events)
+                     if (event.get("choices") or [{}])[0].get("delta", {}).get("content") or event.get("content")]
+            assert texts and min(texts) > last_report
+            if attempt:
+                assert reports[0]["cache"] > 0 and len(reports) == 2
+    plain = _sse(served, "/v1/chat/completions", {**chat, "return_progress": False})
+    assert not _progress(plain)  # only when asked
+
+
+def test_responses_stream_reports_progress_and_timings_per_token(served):
+    """llama-server's telemetry on the Responses stream: ``prompt_progress`` on ``response.in_progress`` events,
+    ``timings`` on each text delta (with ``timings_per_token``) and on the last event."""
+    with httpx.stream("POST", f"{served}/v1/responses", json={
+            "input": "def f(x):\n" * 20, "max_output_tokens": 6, "temperature": 0, "stream": True,
+            "timings_per_token": True, "return_progress": True}, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        events = [json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:")]
+    progress = [event for event in events if "prompt_progress" in event]
+    assert progress and all(event["type"] == "response.in_progress" for event in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    deltas = [event for event in events if event["type"] == "response.output_text.delta"]
+    assert deltas and all({"prompt_per_second", "predicted_per_second"} <= set(event["timings"]) for event in deltas)
+    assert events[-1]["type"] in ("response.completed", "response.incomplete") and "timings" in events[-1]

@@ -25,7 +25,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -43,7 +43,8 @@ from specdec.decoding.prompt_cache import PromptCache
 from specdec.contract.limits import MAX_DRAFT_TOKENS, MAX_TREE_NODES, PREFILL_CHUNK
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.proposers import ProposerResources, RoundInput, make_proposer, proposer_entries
-from specdec.decoding.request import GenerationResult, GenerationStats, Limits, Request, RequestState, make_request
+from specdec.decoding.request import (GenerationResult, GenerationStats, Limits, PrefillProgress, Request, RequestState,
+                                      make_request)
 from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
@@ -336,19 +337,24 @@ class SpeculativeDecoder:
                                 logprobs=pieces.logprobs, sources=list(pieces.sources), stop_string=pieces.stop_string)
 
     def stream(self, prompt, options: GenerationOptions | None = None, *, stats: GenerationStats | None = None,
-               **changes) -> "TextStream":
+               on_prefill: Callable[[PrefillProgress], None] | None = None, **changes) -> "TextStream":
         """Text pieces as rounds complete; the same tokens and text as ``generate`` with the same options.
 
         Options are validated now (a bad one raises here, not at the first ``next``). After the
         stream is exhausted, ``.token_ids`` holds the token ids and ``.finish_reason`` the finish reason (None
         while it runs), as on ``GenerationResult``; ``stats``: a GenerationStats to fill as it runs;
-        ``.close()`` stops the request between rounds (a client that went away)."""
+        ``on_prefill``: called (on the thread reading the stream, within its first ``next``) with a
+        ``PrefillProgress`` before the prompt's first chunk is computed, after each, and once the prompt is read
+        (llama-server's ``return_progress``); ``.close()`` stops the request between rounds (a client that went
+        away)."""
         request = self.validate(prompt, options, **changes)
         if stats is not None and not isinstance(stats, GenerationStats):
             raise GenerationError.bad("stats", f"must be a GenerationStats, got {type(stats).__name__}")
+        if on_prefill is not None and not callable(on_prefill):
+            raise GenerationError.bad("on_prefill", f"must be callable, got {type(on_prefill).__name__}")
         state = RequestState(request, self.codec, self.eos_ids, self.limits.vocab_size,
                              stats=stats if stats is not None else GenerationStats())
-        return TextStream(self._pieces(state), state)
+        return TextStream(self._pieces(state, on_prefill), state)
 
     def infill(self, prefix: str, suffix: str, options: GenerationOptions | None = None, *, extra=(),
                prompt: str = "", **changes) -> GenerationResult:
@@ -449,7 +455,7 @@ class SpeculativeDecoder:
 
         return _Guard()
 
-    def _pieces(self, state: RequestState) -> Iterator[str]:
+    def _pieces(self, state: RequestState, on_prefill=None) -> Iterator[str]:
         with self._exclusive(), ExitStack() as holds:
             request, stats = state.request, state.stats
             proposer = None
@@ -477,7 +483,8 @@ class SpeculativeDecoder:
             if cannot_pay is not None:  # before the prefill's peak memory
                 self._close_draft_if_it_cannot_pay(cannot_pay, request, self._resources(draft, state.tokens, leave),
                                                    len(state.tokens))
-            stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache)
+            report = _ProgressReport(on_prefill, len(state.tokens), leave, started) if on_prefill else None
+            stats.cached_tokens = reuse_cache(target, state.tokens, leave, self.prompt_cache, progress=report)
             self._observe_prefill(len(state.tokens) - leave - stats.cached_tokens, time.perf_counter() - started)
             proposer = make_proposer(request, self._resources(draft, state.tokens, leave))
             stats.draft_skipped = proposer.draft_skipped
@@ -490,6 +497,8 @@ class SpeculativeDecoder:
                                                         compute=not proposer.lazy_draft_prefill)
             for runner in filter(None, (self.target, self.draft)):  # an earlier, longer conversation's rows
                 runner.release_rows_from(len(state.tokens))
+            if report is not None:
+                report.read()
             stats.prefill_seconds = time.perf_counter() - started
             stats.prefill_forwards = stats.target_forwards
             stats.verify_seconds = stats.draft_seconds = 0.0
@@ -560,10 +569,11 @@ class SpeculativeDecoder:
 
 
 def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache: PromptCache | None = None,
-                compute: bool = True) -> int:
+                compute: bool = True, progress=None) -> int:
     """Keep the longest prefix of ``tokens`` the runner's cache holds, then compute the rest (but the last
     one or two, which the first round feeds; ``compute=False``: left to the round that next uses the runner).
-    Returns the number of prompt tokens reused.
+    Returns the number of prompt tokens reused. ``progress(length)``: called with the tokens the cache holds once
+    the prefix is kept, and after each chunk computed.
 
     The last token is never reused: the first round needs its logits, so it runs again. Rows are computed
     by the same graph whatever the pass width (verify rows equal one-token rows bit for bit, checked at
@@ -575,9 +585,36 @@ def reuse_cache(runner: TimedRunner, tokens: list, leave: int = 2, prompt_cache:
             runner.restore(entry, shared)
             held = shared
     runner.truncate(held)
+    if progress is not None:
+        progress(held)
     if compute:
-        catch_up(runner, tokens, leave)
+        catch_up(runner, tokens, leave, after_chunk=progress)
     return held
+
+
+class _ProgressReport:
+    """A request's ``PrefillProgress`` reports from the target's prefill (``reuse_cache``'s ``progress``): the first
+    call gives the tokens reused, each later one the tokens held after a chunk; a chunk that leaves only the tokens
+    the first round computes reports the whole prompt read; ``read()`` reports it read if no chunk did."""
+
+    def __init__(self, send, total: int, leave: int, started: float):
+        self.send, self.total, self.leave, self.started = send, total, leave, started
+        self.cached = self.processed = None
+
+    def __call__(self, held: int) -> None:
+        if self.cached is None:
+            self.cached = held
+        else:
+            held = self.total if held >= self.total - self.leave else held
+        self._send(held)
+
+    def read(self) -> None:
+        if self.processed != self.total:
+            self._send(self.total)
+
+    def _send(self, processed: int) -> None:
+        self.processed = processed
+        self.send(PrefillProgress(self.total, self.cached, processed, time.perf_counter() - self.started))
 
 
 class TextStream:

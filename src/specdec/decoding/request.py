@@ -105,6 +105,18 @@ class GenerationStats:
         )
 
 
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far a request's prompt has been read (llama-server's ``prompt_progress``), reported before any chunk
+    is computed and after each: ``total`` prompt tokens, ``cached`` of them reused from a cache, ``processed`` so
+    far (the reused ones included; ``total`` once the prompt is read: the last token or two, computed with the
+    first round, count as read), ``seconds`` since the prefill began."""
+    total: int
+    cached: int
+    processed: int
+    seconds: float
+
+
 @dataclass
 class GenerationResult:
     text: str

@@ -22,14 +22,17 @@ from specdec.decoding.proposers.base import Proposal, RoundResult
 from specdec.decoding.tree import ROOT, DraftTree
 
 
-def catch_up(runner, tokens: list, leave: int = 2) -> None:
+def catch_up(runner, tokens: list, leave: int = 2, after_chunk=None) -> None:
     """Feed, in chunks, the tokens the runner's cache lacks, leaving at most the last ``leave`` for the next pass
-    (chunks narrow deep in a long prompt: ``prefill_width``)."""
+    (chunks narrow deep in a long prompt: ``prefill_width``). ``after_chunk(length)``: called after each chunk
+    with the tokens the cache then holds."""
     while runner.length < len(tokens) - leave:
         width = min(prefill_width(runner.length), runner.exact_width or PREFILL_CHUNK)
         chunk = tokens[runner.length : min(len(tokens) - leave, runner.length + width)]
         runner.forward(chunk, range(runner.length, runner.length + len(chunk)), last_logits_only=True)
         runner.commit(len(chunk))
+        if after_chunk is not None:
+            after_chunk(runner.length)
 
 
 def _leave(target, candidates: int) -> int:

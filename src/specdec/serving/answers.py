@@ -23,7 +23,12 @@ def specdec_fields(done: Done) -> dict:
 
 def timings(done: Done) -> dict:
     """llama-server's ``timings``: prompt tokens computed and reused, decode speed, draft tokens proposed/accepted."""
-    stats = done.stats
+    return timings_of(done.stats)
+
+
+def timings_of(stats) -> dict:
+    """``timings`` from a request's ``GenerationStats``: the whole answer's once it is done, the answer so far while
+    it runs (the decoder fills them round by round: llama-server's ``timings_per_token``)."""
     computed = stats.prompt_tokens - stats.cached_tokens
     prompt_ms, predicted_ms = stats.prefill_seconds * 1000.0, stats.decode_seconds * 1000.0
     return {"cache_n": stats.cached_tokens, "prompt_n": computed, "prompt_ms": round(prompt_ms, 3),
@@ -33,6 +38,13 @@ def timings(done: Done) -> dict:
             "predicted_per_token_ms": round(predicted_ms / stats.new_tokens, 3) if stats.new_tokens else 0.0,
             "predicted_per_second": round(stats.tokens_per_s, 2),
             "draft_n": stats.proposed, "draft_n_accepted": stats.accepted}
+
+
+def prompt_progress(report) -> dict:
+    """llama-server's ``prompt_progress`` from a ``PrefillProgress``: prompt tokens in all, reused, read so far, and
+    whole milliseconds since the prefill began."""
+    return {"total": report.total, "cache": report.cached, "processed": report.processed,
+            "time_ms": int(report.seconds * 1000)}
 
 
 def logprob_item(codec, token_id: int, logprob: float) -> dict:

@@ -81,9 +81,9 @@ class ChatRun:
         content, calls = self.output.parse(text)
         return content, calls, done
 
-    async def events(self, engine: Engine, writer: TurnWriter, opening: list = ()):
+    async def events(self, engine: Engine, writer: TurnWriter, opening: list = (), progress_lines=None):
         """``opening`` lines, then the answer as ``writer``'s lines as the job streams (a piece's text first, then the
-        calls it completed)."""
+        calls it completed); ``progress_lines(report)``: the prefill's reports (a run started with ``progress``)."""
 
         def lines(text: str, calls: list) -> list:
             return writer.text(text) + [line for call in calls for line in writer.call(call)]
@@ -96,20 +96,21 @@ class ChatRun:
 
         for line in opening:
             yield line
-        async for line in engine.events(self.job, self.first, piece_lines, last_lines, writer.failed):
+        async for line in engine.events(self.job, self.first, piece_lines, last_lines, writer.failed, progress_lines):
             yield line
 
 
 async def start_chat(engine: Engine, request: Request, names: dict, conversation: Conversation, budget: int | None,
                      options_of: Callable[..., GenerationOptions], sources: bool = False,
-                     worker: int | None = None) -> ChatRun:
+                     worker: int | None = None, progress: bool = False) -> ChatRun:
     """Render, validate and queue the turn. ``budget``: the client's token budget (None: the rest of the context);
     ``options_of(max_new, **more)``: the dialect's fields as ``GenerationOptions`` (``more``: the turn's stop ids
     and constraint); ``worker``: the one worker that must run it (llama-server's ``id_slot``; None: the pool's
-    choice)."""
+    choice); ``progress``: the prefill's reports come first (a streamed answer's ``prompt_progress``)."""
     turn = render(engine, conversation, names)
     max_new = budget if budget is not None else engine.open_budget(turn.ids)
     options = options_of(max_new, stop_token_ids=turn.stop_token_ids, constraint=turn.constraint)
-    prepared = engine.prepare(turn.ids, options, names, budget is not None, sources=sources, worker=worker)
+    prepared = engine.prepare(turn.ids, options, names, budget is not None, sources=sources, worker=worker,
+                              progress=progress)
     job, first = await engine.start(prepared, request, names)
     return ChatRun(turn, prepared, job, first, turn.output())

@@ -3,7 +3,7 @@
 ``Prepared`` is a validated request: the prompt's token ids and its ``GenerationOptions`` (checked by the
 decoder's own ``validate`` before the job is queued, so a refusal is a 400, not a broken stream). The job a
 worker runs (``stream_work``) yields ``Piece``s (text, with the logprobs and token sources committed since the
-previous piece) and ends with a ``Done`` (the request's statistics, the finish reason). ``Engine`` queues a job
+previous piece; with ``Prepared.progress`` the prefill's ``PrefillProgress`` reports first) and ends with a ``Done`` (the request's statistics, the finish reason). ``Engine`` queues a job
 on the worker whose KV cache holds the most of its prompt, waits for its first item, and gives its items back
 as one answer (``collect``) or as a stream (``events``); a client that goes away cancels the job. Boundary:
 decoder options and pool jobs in, items out; no wire shapes here.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from specdec.decoding.options import GenerationOptions
-from specdec.decoding.request import GenerationStats
+from specdec.decoding.request import GenerationStats, PrefillProgress
 from specdec.serving.metrics import Metrics
 from specdec.serving.pool import END, DecoderPool, JobCancelled, PoolBusy, PoolClosed
 from specdec.serving.wire import DRAFT_ROOM, APIError, ClientGone, option_error
@@ -38,6 +38,7 @@ class Prepared:
     time_limit: float = 0.0  # seconds after the first token; stops at the next newline past it (0: none)
     sources: bool = False  # pieces carry which proposer each token came from (``Piece.spans``)
     worker: int | None = None  # the one worker that must run it (llama-server's id_slot; None: routed)
+    progress: bool = False  # the prefill's ``PrefillProgress`` reports come first (llama-server's return_progress)
     # filled by the worker as the request runs (GET /slots reads it): once the job's first item is out, the
     # prefill's counts (``prompt_tokens``, ``cached_tokens``) are final (what a stream's opening event reports)
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -143,10 +144,11 @@ def merge_spans(spans) -> list:
 def stream_work(prepared: Prepared, codec):
     """The job a worker runs: the decoder's stream as ``Piece``s, then the request's ``Done``."""
 
-    def run(decoder):
+    def run(decoder, emit=None):
         stats = prepared.stats
         options = prepared.options
-        stream = decoder.stream(prepared.prompt_ids, options, stats=stats)
+        reports = {"on_prefill": emit} if emit is not None else {}
+        stream = decoder.stream(prepared.prompt_ids, options, stats=stats, **reports)
         finish, first_piece, newline = None, None, False
         with_logprobs = options.logprobs is not None
         ends = set(decoder.eos_ids) | set(options.stop_token_ids)
@@ -183,6 +185,7 @@ def stream_work(prepared: Prepared, codec):
         yield Done(stats, 0.0, finish or stream.finish_reason or "length", ids[-1] if ids else None, rest, ids,
                    getattr(stream, "stop_string", None), getattr(getattr(decoder, "target", None), "length", 0))
 
+    run.emits = prepared.progress  # the pool hands it the job's put: reports go out as the prefill runs
     return run
 
 
@@ -223,7 +226,8 @@ class Engine:
         return id_slot
 
     def prepare(self, prompt_ids: list, options: GenerationOptions, names: dict, budget_given: bool = True,
-                sources: bool = False, prompt_field: str | None = None, worker: int | None = None) -> Prepared:
+                sources: bool = False, prompt_field: str | None = None, worker: int | None = None,
+                progress: bool = False) -> Prepared:
         """The decoder's own checks (``make_request``) on these options; a refusal is a 400 naming the field.
         ``worker``: the one worker that must run it (None: the pool routes it). A request that gives no seed takes
         the server's (``ServerOptions.seed``), if it has one."""
@@ -233,7 +237,7 @@ class Engine:
             self.decoder.validate(prompt_ids, options)
         except ValueError as exc:
             raise option_error(exc, names, budget_given, prompt_field) from None
-        return Prepared(list(prompt_ids), options, sources=sources, worker=worker)
+        return Prepared(list(prompt_ids), options, sources=sources, worker=worker, progress=progress)
 
     def submit(self, work, **where):
         """``pool.submit(work, **where)``; a full queue is a 429, a pool shutting down a 503 (with Retry-After)."""
@@ -291,6 +295,8 @@ class Engine:
         while item is not END:
             if isinstance(item, Done):
                 done = item
+            elif isinstance(item, PrefillProgress):
+                pass  # a streamed answer's (a client that asks for it in a whole answer gets none, as from llama-server)
             else:
                 pieces.append(piece_text(item))
                 if isinstance(item, Piece):
@@ -306,8 +312,9 @@ class Engine:
         self.metrics.add(done.stats)
         return done
 
-    async def events(self, job, first, piece_lines, last_lines, error_lines):
-        """Stream lines: ``piece_lines(piece)`` per piece, then ``last_lines(done)``; a failure after the stream
+    async def events(self, job, first, piece_lines, last_lines, error_lines, progress_lines=None):
+        """Stream lines: ``progress_lines(progress)`` per ``PrefillProgress`` (a request ``Prepared`` with
+        ``progress``), ``piece_lines(piece)`` per piece, then ``last_lines(done)``; a failure after the stream
         started becomes ``error_lines(message, code)`` (in-band, as every dialect reports it).
 
         The last lines wait for the job's END, which the pool sends once the worker is free: a client that sends
@@ -317,6 +324,9 @@ class Engine:
             while item is not END:
                 if isinstance(item, Done):
                     last = list(last_lines(self.finished(item, job)))
+                elif isinstance(item, PrefillProgress):
+                    for line in progress_lines(item) if progress_lines is not None else ():
+                        yield line
                 else:
                     for line in piece_lines(item if isinstance(item, Piece) else Piece(item)):
                         yield line

@@ -235,7 +235,8 @@ class DecoderPool:
             self._count_cancel()
             return _Failure(JobCancelled("cancelled before it started"))
         try:
-            items = job.work(decoder)
+            # work that sends items from inside one blocking step (a prefill's progress) says so: it gets the put
+            items = job.work(decoder, job._put) if getattr(job.work, "emits", False) else job.work(decoder)
             stopped = False
             try:
                 for item in items:

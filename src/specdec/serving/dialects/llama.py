@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from specdec.decoding.text.infill import fim_stop_ids, fim_tokens
 from specdec.decoding.options import GenerationError, GenerationOptions
-from specdec.serving.answers import logprob_entry, specdec_fields, timings
+from specdec.serving.answers import logprob_entry, prompt_progress, specdec_fields, timings
 from specdec.serving.dialects import llama_info, llama_slots
 from specdec.serving.dialects.llama_models import CompletionRequest, InfillRequest, LlamaGeneration
 from specdec.serving.jobs import Done, Engine, Piece
@@ -155,7 +155,7 @@ class Generation:
         model = self.server.answer_model(body.model) if body.model is not None else self.server.model_name
         ignored = self.ignored(body)
         prepared = engine.prepare(ids, options, names, budget_given, prompt_field=prompt_field,
-                                  worker=self.engine.slot(body.id_slot))
+                                  worker=self.engine.slot(body.id_slot), progress=body.stream and body.return_progress)
         prepared.time_limit = max(0, body.t_max_predict_ms) / 1000.0
         job, first = await engine.start(prepared, request, names)
         codec, stop_ids = engine.codec, set(stop_ids)
@@ -183,9 +183,13 @@ class Generation:
                 line["completion_probabilities"] = llama_probs(codec, piece.logprobs)
             return [sse(line)]
 
+        def progress_lines(report) -> list:
+            return [sse({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": job.worker,
+                         "tokens_predicted": 0, "tokens_evaluated": len(ids), "prompt_progress": prompt_progress(report)})]
+
         if body.stream:
             return StreamingResponse(engine.events(job, first, piece_lines, lambda done: [sse(final("", done))],
-                                                   error_lines), media_type="text/event-stream")
+                                                   error_lines, progress_lines), media_type="text/event-stream")
         text, done, _ = await engine.collect(job, first, request)
         return final(text, done)
 

@@ -51,6 +51,7 @@ class LlamaGeneration(LlamaBody):
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # llama-server's alias of n_probs
     id_slot: Annotated[int, Field(ge=-1)] = -1  # the slot (worker) to run on; -1: the server chooses
     return_tokens: bool = False  # the answer's "tokens": the generated ids
+    return_progress: bool = False  # a stream reports the prompt's reading (``prompt_progress``) before the first token
     response_fields: list[str] | None = None  # only these fields of the answer ("timings/prompt_n" unnests)
     n_cmpl: int = 1
     n: int = 1  # llama-server's alias of n_cmpl

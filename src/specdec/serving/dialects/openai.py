@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from specdec.contract.limits import MAX_SEED
 from specdec.decoding.options import GenerationError, GenerationOptions
 from specdec.decoding.request import GenerationStats
-from specdec.serving.answers import logprob_entry, specdec_fields, timings
+from specdec.serving.answers import logprob_entry, prompt_progress, specdec_fields, timings, timings_of
 from specdec.serving.chat_run import Conversation, render, start_chat
 from specdec.serving.dialects.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from specdec.serving.jobs import Done, Engine, Piece
@@ -223,7 +223,8 @@ class Chat:
         run = await start_chat(engine, request, names, conversation, body.max_tokens,
                                partial(options_of, body, names=names, logprobs=logprobs,
                                        encode=partial(engine.codec.encode, special=False)),
-                               sources=body.token_sources, worker=engine.slot(body.id_slot))
+                               sources=body.token_sources, worker=engine.slot(body.id_slot),
+                               progress=body.stream and body.return_progress)
         job, first, output = run.job, run.first, run.output
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         codec, system = engine.codec, fingerprint(engine)
@@ -243,6 +244,8 @@ class Chat:
                 lines = []
                 if content or piece.logprobs:
                     out = chunk({"content": content}, None, piece.logprobs)
+                    if body.timings_per_token:  # llama-server's: the timings so far on every chunk
+                        out["timings"] = timings_of(run.prepared.stats)
                     # with tool-call parsing the content is not the decoded text: no spans (the page sends no tools)
                     if (block := source_block(piece.spans)) is not None and output.stream is None:
                         out["specdec"] = block
@@ -265,9 +268,13 @@ class Chat:
                                       "timings": timings(done), "specdec": specdec_fields(done)}))
                 return lines + ["data: [DONE]\n\n"]
 
+            def progress_lines(report) -> list:  # llama-server's: the opening delta again, with the progress
+                return [sse({**chunk({"role": "assistant", "content": None}, None),
+                             "prompt_progress": prompt_progress(report)})]
+
             async def events():
                 yield sse(chunk({"role": "assistant", "content": None}, None))  # null, as llama-server sends it
-                async for line in engine.events(job, first, piece_lines, last, error_lines):
+                async for line in engine.events(job, first, piece_lines, last, error_lines, progress_lines):
                     yield line
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -293,7 +300,6 @@ class Chat:
         """``n`` choices, one job after another (the second reads the prompt from the first's cache): choice i
         samples with seed + i (the request's seed, else the server's), or with fresh randomness when neither is
         set; greedy choices are equal. Usage counts the prompt once and every choice's tokens."""
-        engine = self.engine
         seed = body.seed if body.seed is not None else self.server.seed
         answers = []
         for index in range(body.n):

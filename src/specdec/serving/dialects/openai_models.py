@@ -157,8 +157,10 @@ class ChatCompletionRequest(_GenerationFields):
     # vLLM's and llama-server's: continue a final assistant message (default: when the conversation ends with one)
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None  # end with the assistant's header (default: unless continuing)
-    # llama-server's: its timings per chunk; here the last chunks carry ``timings`` whether asked or not
+    # llama-server's: every streamed chunk carries ``timings`` so far; the last chunks carry them whether asked or not
     timings_per_token: bool = False
+    # llama-server's: a stream's chunks report the prompt's reading (``prompt_progress``) before the first token
+    return_progress: bool = False
     # llama-server's: a non-streamed answer carries ``__verbose`` (the rendered prompt, the answer); None: the
     # server's --verbose
     verbose: bool | None = None

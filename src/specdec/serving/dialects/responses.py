@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 
 from specdec.decoding.options import GenerationError
 from specdec.decoding.text.tools import ToolCall
-from specdec.serving.answers import specdec_fields
+from specdec.serving.answers import prompt_progress, specdec_fields, timings, timings_of
 from specdec.serving.chat_run import Conversation, render, start_chat
 from specdec.serving.dialects.responses_models import (ConversationFields, FunctionCallItem, FunctionCallOutputItem,
                                                        InputMessage, InputTokensRequest, NamedFunction,
@@ -184,7 +184,8 @@ class Responses:
         temperature = 1.0 if body.temperature is None else body.temperature
         top_p = 1.0 if body.top_p is None else body.top_p
         run = await start_chat(engine, request, names, conversation, body.max_output_tokens,
-                               partial(generation_options, body, names, temperature=temperature, top_p=top_p))
+                               partial(generation_options, body, names, temperature=temperature, top_p=top_p),
+                               progress=bool(body.stream) and body.return_progress)
         answer = Answer(body, model, temperature, top_p, conversation.parallel)
 
         def keep(content: str | None, calls: list) -> None:
@@ -192,8 +193,9 @@ class Responses:
                 self.store.put(answer.ident, messages + [assistant_message(content, calls)])
 
         if body.stream:
-            writer = ResponseEvents(answer, keep)
-            return StreamingResponse(run.events(engine, writer, writer.start()), media_type="text/event-stream")
+            writer = ResponseEvents(answer, keep, run.prepared.stats if body.timings_per_token else None)
+            return StreamingResponse(run.events(engine, writer, writer.start(), writer.progress),
+                                     media_type="text/event-stream")
         content, calls, done = await run.whole(engine, request)
         keep(content, calls)
         status = "incomplete" if done.finish == "length" else "completed"
@@ -234,8 +236,9 @@ class ResponseEvents:
     """The Responses API's stream of one answer (a ``TurnWriter``): typed events with ``event:`` lines and a running
     ``sequence_number``; a message item opens at the first text, each call is its own item."""
 
-    def __init__(self, answer: Answer, keep):
+    def __init__(self, answer: Answer, keep, stats=None):
         self.answer, self.keep = answer, keep
+        self.stats = stats  # the request's running GenerationStats: each text delta carries its timings so far
         self.sequence = 0
         self.items: list = []  # finished output items
         self.message: dict | None = None  # the open message item: {"id", "index", "text"}
@@ -250,12 +253,18 @@ class ResponseEvents:
         opening = self.answer.response("in_progress", [])
         return [self.event("response.created", response=opening), self.event("response.in_progress", response=opening)]
 
+    def progress(self, report) -> list:
+        """llama-server's: the prompt's reading, as another ``response.in_progress`` event."""
+        return [self.event("response.in_progress", response=self.answer.response("in_progress", []),
+                           prompt_progress=prompt_progress(report))]
+
     def text(self, text: str) -> list:
         lines = [] if text == "" or self.message is not None else self.open_message()
         if text:
             self.message["text"] += text
+            timing = {} if self.stats is None else {"timings": timings_of(self.stats)}
             lines.append(self.event("response.output_text.delta", item_id=self.message["id"], logprobs=[],
-                                    output_index=self.message["index"], content_index=0, delta=text))
+                                    output_index=self.message["index"], content_index=0, delta=text, **timing))
         return lines
 
     def open_message(self) -> list:
@@ -299,7 +308,8 @@ class ResponseEvents:
         lines += self.close_message(status)
         text = "".join(item["content"][0]["text"] for item in self.items if item["type"] == "message")
         self.keep(text if text or not self.calls else None, self.calls)  # as a whole answer's (content, calls)
-        return lines + [self.event(f"response.{status}", response=self.answer.response(status, self.items, done))]
+        return lines + [self.event(f"response.{status}", response=self.answer.response(status, self.items, done),
+                                   timings=timings(done))]  # llama-server's, on its last event
 
     def failed(self, message: str, code: str | None) -> list:
         """A failure after the stream started: the API's ``error`` event, then ``response.failed``."""

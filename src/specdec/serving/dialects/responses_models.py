@@ -134,6 +134,10 @@ class ResponsesRequest(ConversationFields, Extensions):
     store: bool | None = None  # None: stored, as the API (for previous_response_id)
     metadata: dict[Text, Text] | None = None  # echoed in the answer
     include: list[Text] | None = None  # extra data on hosted tools / reasoning (none here); logprobs: refused
+    # llama-server's: a stream reports the prompt's reading (``prompt_progress`` on ``response.in_progress`` events)
+    # and carries the timings so far on each text delta
+    return_progress: bool = False
+    timings_per_token: bool = False
 
     @field_validator("include")
     @classmethod

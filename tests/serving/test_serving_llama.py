@@ -563,3 +563,31 @@ def test_responses_stream_reports_progress_and_timings_per_token(served):
     deltas = [event for event in events if event["type"] == "response.output_text.delta"]
     assert deltas and all({"prompt_per_second", "predicted_per_second"} <= set(event["timings"]) for event in deltas)
     assert events[-1]["type"] in ("response.completed", "response.incomplete") and "timings" in events[-1]
+
+
+def test_serve_refuses_a_template_that_does_not_parse_before_its_port_opens(chat_bundle, tmp_path, monkeypatch,
+                                                                               capsys):
+    """``specdec serve --chat-template-file`` compiles the file before the server starts: one line, exit 2, no
+    server's log lines (a check made only after the load would come after uvicorn's)."""
+    from specdec.cli import serve
+    from specdec.cli.main import main
+    from specdec.decoding import load_options
+
+    class NoLoad:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def let_it_start(self):
+            pass
+
+        def result(self):
+            raise AssertionError("the load was waited for")
+
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}")  # no endfor
+    monkeypatch.setattr(serve, "_show_logs", lambda: None)
+    monkeypatch.setattr(load_options, "BackgroundLoad", NoLoad)
+    assert main(["serve", str(chat_bundle), "--host", "127.0.0.1", "--port", "0", "--chat-template-file",
+                 str(template)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("specdec: error: chat template file ") and "chat.jinja" in err

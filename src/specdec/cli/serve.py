@@ -155,7 +155,7 @@ def cmd_serve(args) -> int:
     try:
         import uvicorn
 
-        from specdec.serving.app import LOCAL_HOSTS, ServerOptions, attach_loaded, create_app
+        from specdec.serving.app import LOCAL_HOSTS, ServerOptions, attach_loaded, create_app, server_template
         from specdec.serving.pool import PoolOptions
     except ImportError as exc:
         raise ValueError(f"specdec serve needs the [serve] extra (pip install 'specdec[serve]'): {exc}") from None
@@ -183,6 +183,7 @@ def cmd_serve(args) -> int:
     if exposed and not server_options.api_keys:
         print(f"specdec: serving on {', '.join(exposed)} without --api-key: anyone who reaches that address can use "
               "the API", file=sys.stderr)
+    template = server_template(args.bundle, server_options)  # a template that does not parse: before the port opens
     # as llama-server: the port answers at once (503 "Loading model") and the routes once the bundle is loaded
     app = create_app(None, server_options)
     if server_options.webui:
@@ -201,7 +202,7 @@ def cmd_serve(args) -> int:
 
     def ready() -> None:
         try:
-            attach_loaded(app, args.bundle, server_options, pool_options, load_options, loading)
+            attach_loaded(app, args.bundle, server_options, pool_options, load_options, loading, template)
         except BaseException as exc:  # the server stops; the error is this command's (one line, exit 2)
             failed.append(exc)
             server.should_exit = True

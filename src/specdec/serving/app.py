@@ -28,6 +28,7 @@ import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
@@ -35,6 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.contract.manifest import Manifest
 from specdec.decoding.load_options import BackgroundLoad, LoadOptions
 from specdec.decoding.text.chat import template_from_file
 from specdec.serving import webui
@@ -115,23 +117,35 @@ def build_app(bundle, server: ServerOptions, pool: PoolOptions | None = None,
     The app is built while the bundle loads; ``specdec serve`` serves it meanwhile (``create_app`` without a pool,
     then ``attach_loaded``)."""
     load, pool = load or LoadOptions(), pool or PoolOptions()
+    template = server_template(bundle, server)
     loading = loading or BackgroundLoad(bundle, load, pool.workers)
     app = create_app(None, server)
-    attach_loaded(app, bundle, server, pool, load, loading)
+    attach_loaded(app, bundle, server, pool, load, loading, template)
     return app
 
 
+def server_template(bundle, server: ServerOptions):
+    """``--chat-template-file``'s template for ``bundle`` (None without one), read and compiled without loading the
+    bundle's weights: a file jinja2 cannot parse is a ChatTemplateError in one line before the server starts."""
+    if server.chat_template_file is None:
+        return None
+    root = Path(bundle)
+    return template_from_file(root, Manifest.read(root), server.chat_template_file)
+
+
 def attach_loaded(app: FastAPI, bundle, server: ServerOptions, pool: PoolOptions, load: LoadOptions,
-                  loading) -> None:
+                  loading, template=None) -> None:
     """Wait for ``loading``'s decoder, measure or read this machine's pass costs, and give ``app`` (made by
-    ``create_app(None, ...)``) its pool: from then on it answers. Raises what the load raised."""
+    ``create_app(None, ...)``) its pool: from then on it answers. ``template``: ``server_template``'s, when the
+    caller read it already. Raises what the load raised."""
     decoder = loading.result()
     log.info("loaded %s on %s: max_context %d", bundle, load.provider, decoder.max_context)  # load logged why
     started = time.perf_counter()
     decoder.costs()  # this machine's pass costs now (stored after the first time), not in the first request
     log.info("pass costs ready in %.1f s", time.perf_counter() - started)
     if server.chat_template_file is not None:  # before the pool forks the decoder: every worker renders with it
-        decoder.chat_template = template_from_file(decoder.bundle_dir, decoder.manifest, server.chat_template_file)
+        decoder.chat_template = template or template_from_file(decoder.bundle_dir, decoder.manifest,
+                                                               server.chat_template_file)
         log.info("chat template: %s (instead of the bundle's)", server.chat_template_file)
     app.state.engine.attach(DecoderPool(decoder, pool))
 

@@ -129,6 +129,10 @@ def run(args, work: Path) -> int:
     out = Path(args.out) if args.out else work
     out.mkdir(parents=True, exist_ok=True)
     tests = suite_dir(args.llama_src, work)
+    args.files = [name if name.endswith(".py") else f"{name}.py" for name in args.files]  # test_x or test_x.py
+    missing = [name for name in args.files if not (tests / "unit" / name).is_file()]
+    if missing:
+        raise SystemExit(f"--files: no such file in the suite's unit/: {', '.join(missing)}")
     wanted = {name.strip() for name in args.servers.split(",")}
     saved = out / "results.json"
     runs = json.loads(saved.read_text()) if saved.is_file() else {}

@@ -1,4 +1,5 @@
-"""An app served by uvicorn in a thread of the test process, on 127.0.0.1 (for the server tests)."""
+"""An app served by uvicorn in a thread of the test process, on 127.0.0.1 (for the server tests); a stand-in for
+``specdec serve``'s background load."""
 
 from __future__ import annotations
 
@@ -34,3 +35,19 @@ def served_app(app, grace: float = 1.0, seconds: float = 30.0):
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def failing_load(error: BaseException):
+    """A stand-in for ``load_options.BackgroundLoad`` whose load ends in ``error`` (nothing is read or loaded)."""
+
+    class FailingLoad:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def let_it_start(self):
+            pass
+
+        def result(self):
+            raise error
+
+    return FailingLoad

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from served_app import served_app
+from served_app import failing_load, served_app
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -573,20 +573,10 @@ def test_serve_refuses_a_template_that_does_not_parse_before_its_port_opens(chat
     from specdec.cli.main import main
     from specdec.decoding import load_options
 
-    class NoLoad:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def let_it_start(self):
-            pass
-
-        def result(self):
-            raise AssertionError("the load was waited for")
-
     template = tmp_path / "chat.jinja"
     template.write_text("{% for m in messages %}")  # no endfor
     monkeypatch.setattr(serve, "_show_logs", lambda: None)
-    monkeypatch.setattr(load_options, "BackgroundLoad", NoLoad)
+    monkeypatch.setattr(load_options, "BackgroundLoad", failing_load(AssertionError("the load was waited for")))
     assert main(["serve", str(chat_bundle), "--host", "127.0.0.1", "--port", "0", "--chat-template-file",
                  str(template)]) == 2
     err = capsys.readouterr().err

@@ -5,6 +5,7 @@ the port opened ends ``specdec serve`` with its one-line error and exit 2."""
 from __future__ import annotations
 
 import pytest
+from served_app import failing_load
 
 pytest.importorskip("fastapi")
 
@@ -67,18 +68,9 @@ def test_a_load_that_fails_later_ends_the_server_with_its_error_last_and_exit_2(
     from specdec.cli.main import main
     from specdec.decoding import load_options
 
-    class Failing:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def let_it_start(self):
-            pass
-
-        def result(self):
-            raise ValueError("the target's session could not be made")
-
     monkeypatch.setattr(serve, "_show_logs", lambda: None)
-    monkeypatch.setattr(load_options, "BackgroundLoad", Failing)
+    failure = ValueError("the target's session could not be made")
+    monkeypatch.setattr(load_options, "BackgroundLoad", failing_load(failure))
     assert main(["serve", str(tmp_path), "--host", "127.0.0.1", "--port", "0", "--no-webui"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == "specdec: error: the target's session could not be made"

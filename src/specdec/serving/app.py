@@ -197,17 +197,13 @@ class _WhileLoading:
     ``{"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}`` until the engine has its
     pool. The port answers from the server's first moment, so a client polling /health sees the load under way."""
 
-    BODY = json.dumps({"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}).encode()
-
     def __init__(self, app, engine: Engine, open_paths: frozenset):
         self.app, self.engine, self.open_paths = app, engine, open_paths
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self.engine.ready or scope["path"] in self.open_paths:
             return await self.app(scope, receive, send)
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json; charset=utf-8"), (b"retry-after", b"1")]})
-        await send({"type": "http.response.body", "body": self.BODY})
+        await send_llama_error(send, 503, "Loading model", "unavailable_error", [(b"retry-after", b"1")])
 
 
 def _error_shape(path: str):
@@ -252,6 +248,15 @@ def _add_error_handlers(app: FastAPI) -> None:
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})  # answered without an API key (llama-server's public endpoints)
 
 
+async def send_llama_error(send, status: int, message: str, kind: str, headers: list) -> None:
+    """A whole answer written by an ASGI middleware, in llama-server's error shape
+    ``{"error": {"message", "type", "code"}}`` (``code``: the HTTP status), with ``headers`` beside its type."""
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json; charset=utf-8"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class _RequireApiKey:
     """llama-server's ``--api-key``: a request whose ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``) is not one
     of ``keys`` gets 401 with an ``authentication_error``, except on ``public`` paths and CORS preflights (browsers
@@ -272,11 +277,7 @@ class _RequireApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self._allowed(scope):
             return await self.app(scope, receive, send)
-        body = json.dumps({"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}})
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json; charset=utf-8"),
-                                (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body.encode()})
+        await send_llama_error(send, 401, "Invalid API Key", "authentication_error", [(b"www-authenticate", b"Bearer")])
 
 
 CORS_METHODS = b"GET, POST, DELETE, OPTIONS"  # llama-server's defaults

@@ -3,10 +3,11 @@
 ``Prepared`` is a validated request: the prompt's token ids and its ``GenerationOptions`` (checked by the
 decoder's own ``validate`` before the job is queued, so a refusal is a 400, not a broken stream). The job a
 worker runs (``stream_work``) yields ``Piece``s (text, with the logprobs and token sources committed since the
-previous piece; with ``Prepared.progress`` the prefill's ``PrefillProgress`` reports first) and ends with a ``Done`` (the request's statistics, the finish reason). ``Engine`` queues a job
-on the worker whose KV cache holds the most of its prompt, waits for its first item, and gives its items back
-as one answer (``collect``) or as a stream (``events``); a client that goes away cancels the job. Boundary:
-decoder options and pool jobs in, items out; no wire shapes here.
+previous piece; with ``Prepared.progress`` the prefill's ``PrefillProgress`` reports first) and ends with a
+``Done`` (the request's statistics, the finish reason). ``Engine`` queues a job on the worker whose KV cache
+holds the most of its prompt, waits for its first item, and gives its items back as one answer (``collect``) or as
+a stream (``events``); a client that goes away cancels the job. Boundary: decoder options and pool jobs in, items
+out; no wire shapes here.
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ class Engine:
             if isinstance(item, Done):
                 done = item
             elif isinstance(item, PrefillProgress):
-                pass  # a streamed answer's (a client that asks for it in a whole answer gets none, as from llama-server)
+                pass  # a streamed answer's: a whole answer carries none, as llama-server's
             else:
                 pieces.append(piece_text(item))
                 if isinstance(item, Piece):

@@ -185,7 +185,8 @@ class Generation:
 
         def progress_lines(report) -> list:
             return [sse({"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": job.worker,
-                         "tokens_predicted": 0, "tokens_evaluated": len(ids), "prompt_progress": prompt_progress(report)})]
+                         "tokens_predicted": 0, "tokens_evaluated": len(ids),
+                         "prompt_progress": prompt_progress(report)})]
 
         if body.stream:
             return StreamingResponse(engine.events(job, first, piece_lines, lambda done: [sse(final("", done))],

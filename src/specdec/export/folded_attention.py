@@ -50,14 +50,14 @@ def fold_copies(g) -> int:
 
 
 def folded_shared(w: GraphWriter, g, cos: np.ndarray, sin: np.ndarray) -> dict:
-    """What every layer reads: the new rows' slot indices [T, 1], how the pass's folded rows are cut (``row_plan``),
+    """What every layer reads: the new rows' slot indices [1, T, 1], how the pass's folded rows are cut (``row_plan``),
     the biases laid out for those rows (``folded_bias``), the rotary tables."""
     count = w.one("Shape", ["position_ids"], name="fold/count", start=1, end=2)  # [1]: T
     end = w.one("Add", [PAST_LENGTH, count], name="fold/end")
     scalar = w.constant([0])
     slots = w.one("Range", [w.one("Squeeze", [PAST_LENGTH, scalar], name="fold/start"),
                             w.one("Squeeze", [end, scalar], name="fold/stop"), w.constant(1)], name="fold/slots")
-    shared = {"slots": w.one("Unsqueeze", [slots, w.constant([1])], name="fold/slot_index"),
+    shared = {"slots": w.one("Unsqueeze", [slots, w.constant([0, 2])], name="fold/slot_index"),  # [1, T, 1]
               "cos": w.initializer("cos_cache", cos), "sin": w.initializer("sin_cache", sin)}
     shared["plan"] = plan = row_plan(w, count, fold_copies(g) * (g.heads // g.kv_heads), g.head_dim)
     biases = [("bias", "attention_bias")] + ([("sliding_bias", "sliding_attention_bias")]
@@ -142,21 +142,15 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
     for name, x, count in (("q", q, heads), ("k", k, kv_heads)):
         rotated[name] = w.one("RotaryEmbedding", [x, "position_ids", shared["cos"], shared["sin"]],
                               name=f"{prefix}/{name}_rotary", domain="com.microsoft", num_heads=count, interleaved=0)
-    per_head = {}
-    for name, x in (("k", rotated["k"]), ("v", v)):  # [1, T, KVH*D] -> KVH x [T, D]
-        heads_first = w.one("Transpose", [w.one("Reshape", [x, w.constant([-1, kv_heads, dim])],
-                                                name=f"{prefix}/{name}_rows")], name=f"{prefix}/{name}_heads",
-                            perm=[1, 0, 2])
-        if kv_dtype == "float16":
-            heads_first = w.one("Cast", [heads_first], name=f"{prefix}/{name}_half", to=_ONNX_FLOAT16)
-        per_head[name] = _split_heads(w, heads_first, kv_heads, f"{prefix}/{name}")
-    # q [1, T, H*D] -> [KVH, G*T, D]: row g*T + t of KV head h is query head h*G + g at new token t
+    per_head = _new_rows(w, rotated["k"], v, kv_heads, kv_dtype, prefix)
+    # q [1, T, H*D] -> KVH x [G*T, D]: row g*T + t of KV head h is query head h*G + g at new token t
     grouped = w.one("Reshape", [rotated["q"], w.constant([-1, kv_heads, group, dim])], name=f"{prefix}/q_rows")
     grouped = w.one("Transpose", [grouped], name=f"{prefix}/q_heads", perm=[1, 2, 0, 3])  # [KVH, G, T, D]
-    folded = w.one("Reshape", [grouped, w.constant([kv_heads, -1, dim])], name=f"{prefix}/q_folded")
-    if copies > 1:
-        folded = w.one("Tile", [folded, w.constant([1, copies, 1])], name=f"{prefix}/q_copies")
-    queries = _split_heads(w, folded, kv_heads, f"{prefix}/q")
+    if copies > 1:  # [KVH, G * T, D] stacked `copies` times along its rows
+        grouped = w.one("Reshape", [grouped, w.constant([kv_heads, -1, dim])], name=f"{prefix}/q_folded")
+        grouped = w.one("Tile", [grouped, w.constant([1, copies, 1])], name=f"{prefix}/q_copies")
+    stacked = w.one("Reshape", [grouped, w.constant([-1, dim])], name=f"{prefix}/q_stacked")  # [KVH * GR * T, D]
+    queries = _split(w, stacked, kv_heads, 0, f"{prefix}/q")
     names = fused_kv_names(g.layers)[index]
     outputs = []
     if key_smoothing is not None:
@@ -193,9 +187,9 @@ def folded_layer(w: GraphWriter, g, index: int, q: str, k: str, v: str, shared: 
 
 
 def _int8_rows(w: GraphWriter, rows: str, name: str) -> tuple[str, str]:
-    """An int8 cache's form of new rows [T, D] float32: (int8 rows [T, D], scales [T, 1]), each row symmetric with
-    scale max|x| / 127 (``runners/kv_int8.quantize_rows`` is the same rule in numpy)."""
-    peak = w.one("ReduceMax", [w.one("Abs", [rows], name=f"{name}_abs"), w.constant([1])], name=f"{name}_peak",
+    """An int8 cache's form of new rows [1, T, D] float32: (int8 rows [1, T, D], scales [1, T, 1]), each row
+    symmetric with scale max|x| / 127 (``runners/kv_int8.quantize_rows`` is the same rule in numpy)."""
+    peak = w.one("ReduceMax", [w.one("Abs", [rows], name=f"{name}_abs"), w.constant([-1])], name=f"{name}_peak",
                  keepdims=1)
     scale = w.one("Max", [w.one("Div", [peak, w.constant(127.0, np.float32)], name=f"{name}_scale_raw"),
                           w.constant(_SMALLEST_SCALE, np.float32)], name=f"{name}_scale")
@@ -210,12 +204,23 @@ def _scale_columns(w: GraphWriter, scales: str, name: str) -> str:
     return w.one("Reshape", [scales, w.constant([1, -1])], name=f"{name}_scale_row")
 
 
-def _split_heads(w: GraphWriter, x: str, count: int, name: str) -> list:
-    """[count, R, D] -> count tensors [R, D]."""
+def _new_rows(w: GraphWriter, keys: str, values: str, kv_heads: int, kv_dtype: str, prefix: str) -> dict:
+    """Each KV head's new cache rows [1, T, D] from the rotated keys and the values [1, T, KVH * D]: one Concat, one
+    Cast to a float16 cache's type and one Split for all of them (``ScatterND`` takes [1, T, D] updates at the
+    [1, T, 1] slots), instead of a reshape, transpose, cast, split and squeezes per tensor: each node costs a
+    one-token pass about 2 us here, whatever it computes."""
+    rows = w.one("Concat", [keys, values], name=f"{prefix}/kv_new", axis=-1)  # [1, T, 2 * KVH * D]
+    if kv_dtype == "float16":
+        rows = w.one("Cast", [rows], name=f"{prefix}/kv_half", to=_ONNX_FLOAT16)
+    parts = _split(w, rows, 2 * kv_heads, -1, f"{prefix}/kv")
+    return {"k": parts[:kv_heads], "v": parts[kv_heads:]}
+
+
+def _split(w: GraphWriter, x: str, count: int, axis: int, name: str) -> list:
+    """x cut into ``count`` equal parts along ``axis`` (x itself when count is 1)."""
     if count == 1:
-        return [w.one("Squeeze", [x, w.constant([0])], name=f"{name}_head0")]
-    parts = w.node("Split", [x], count, name=f"{name}_split", axis=0, num_outputs=count)
-    return [w.one("Squeeze", [part, w.constant([0])], name=f"{name}_head{i}") for i, part in enumerate(parts)]
+        return [x]
+    return w.node("Split", [x], count, name=f"{name}_split", axis=axis, num_outputs=count)
 
 
 def attend(w: GraphWriter, queries: str, keys: str, values: str, bias: tuple[str, str], plan: RowPlan, dim: int,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, calibrate, expected_speedup, per_token_acceptance

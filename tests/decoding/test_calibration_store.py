@@ -18,7 +18,8 @@ def test_a_saved_entry_is_found_by_the_same_key_only(tmp_path):
     save_costs(key, COSTS, path)
     assert load_costs(key, path) == COSTS
     for other in (calibration_key("bundle-b", "cpu", 2, 9, 256), calibration_key("bundle-a", "cpu", 1, 9, 256),
-                  calibration_key("bundle-a", "cuda", 2, 9, 256)):
+                  calibration_key("bundle-a", "cuda", 2, 9, 256),
+                  calibration_key("bundle-a", "cpu", 2, 9, 256, huge_pages=True)):  # costs measured on 2 MiB pages
         assert load_costs(other, path) is None
 
 

@@ -1,7 +1,7 @@
 """One-token decode passes of the same model from several bundles, interleaved: is a quantization recipe slower?
 
     python tools/measure/pass_ab.py BUNDLE_A BUNDLE_B [...] [--role target] [--context 256[,4096,...]] [--rounds 30]
-        [--passes 10] [--threads N] [--widths 1,5] [--json OUT]
+        [--passes 10] [--threads N] [--widths 1,5] [--weight-form int8] [--json OUT]
 
 Each bundle's ``--role`` model gets a runner (the runtime's own, make_runner) with ``--context`` tokens already in
 its cache (a comma list: the cache grows from one depth to the next, each measured in turn). ``--synthetic`` fills
@@ -26,15 +26,21 @@ import numpy as np
 
 from specdec.contract.bundle import inside, open_bundle
 from specdec.runners.factory import make_runner
+from specdec.runners.huge_pages import collapse_resident
 
 
 CHUNK = 256  # prefill rows per pass while growing the cache
 
 
-def _runner(bundle: Path, role: str, max_context: int, threads):
+def _runner(bundle: Path, role: str, max_context: int, threads, weight_form: str | None = None):
     manifest = open_bundle(bundle, verify=False)
     spec = manifest.models()[role]
-    return make_runner(str(inside(bundle, spec.onnx_file)), spec, "cpu", min(max_context + 64, spec.max_positions),
+    forms = dict(spec.weight_forms)
+    if weight_form is not None and weight_form not in forms:
+        raise SystemExit(f"{bundle}: the {role} has no weight form {weight_form!r} "
+                         f"(it has: {', '.join(forms) or 'one'})")
+    onnx_file = forms[weight_form] if weight_form is not None else spec.onnx_file
+    return make_runner(str(inside(bundle, onnx_file)), spec, "cpu", min(max_context + 64, spec.max_positions),
                        CHUNK, threads)
 
 
@@ -63,10 +69,15 @@ def main() -> int:
     parser.add_argument("--widths", default="1", help="comma list of tokens per pass (default 1)")
     parser.add_argument("--json", type=Path, help="also write the medians here")
     parser.add_argument("--synthetic", action="store_true", help="random cache rows instead of a prefill")
+    parser.add_argument("--small-pages", action="store_true",
+                        help="leave the weights on 4 KiB pages (a load moves them to 2 MiB pages)")
+    parser.add_argument("--weight-form", default=None, help="which of each bundle's weight forms (default: the first)")
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     contexts = [int(c) for c in args.context.split(",")]
-    runners = {str(b): _runner(b, args.role, max(contexts), args.threads) for b in args.bundles}
+    runners = {str(b): _runner(b, args.role, max(contexts), args.threads, args.weight_form) for b in args.bundles}
+    if not args.small_pages:
+        collapse_resident()  # every runner's weights on 2 MiB pages, as a load leaves them (runners/huge_pages.py)
     rows = []
     for context in contexts:
         for runner in runners.values():

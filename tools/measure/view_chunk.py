@@ -32,12 +32,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from specdec.contract.manifest import Manifest
     from specdec.runners.factory import make_runner
+    from specdec.runners.huge_pages import collapse_resident
 
     spec = Manifest.read(args.bundle).target
     onnx_file = dict(spec.weight_forms)[args.weight_form] if args.weight_form else spec.onnx_file
     chunks = [int(c) for c in args.chunks.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     runner = make_runner(str(args.bundle / onnx_file), spec, "cpu", max(contexts) + 128, 64, args.threads)
+    collapse_resident()  # its weights on 2 MiB pages, as a load leaves them (runners/huge_pages.py)
     rng = np.random.default_rng(0)
     for context in contexts:
         _fill(runner, context, rng)

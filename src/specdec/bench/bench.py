@@ -155,10 +155,12 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
     """``peers``: callables item -> runs (other libraries on the same prompt), run right after specdec's
     modes for each prompt of the first pass, so machine drift hits them alike; each gets the same warm-up
     as specdec (``warm_up(prompt)``) before the first timed run."""
+    from specdec.runners.huge_pages import settle
     from specdec.sampling.processors import SamplingConfig
 
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     sampling = SamplingConfig(temperature=temperature)
+    settle()  # nothing is timed while the load's packed weights move to 2 MiB pages (runners/huge_pages.py)
     progress("calibrating pass costs (target over T = 1..9 tokens, draft step)")
     costs = decoder.costs()
     progress("verify cost c(T)/c(1): " + ", ".join(f"T={t + 1} {r:.2f}x" for t, r in enumerate(costs.relative_curve()))

@@ -50,6 +50,8 @@ from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, S
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.text.codec import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
+from specdec.runners.huge_pages import collapse_in_background, settle
+from specdec.runners.huge_pages import enabled as huge_pages_enabled
 from specdec.runners.resident import release_after_load, trim_heap
 from specdec.runners.row_parity import DEEP, WIDTHS, exact_width, row_gaps
 from specdec.runners.timing import TimedRunner
@@ -58,6 +60,13 @@ from specdec.runners.vocab_map import load_kept_ids
 log = logging.getLogger(__name__)
 
 CALIBRATED_WIDTH = MAX_SUFFIX_NODES + 1  # the widest verify pass "auto" plans: a suffix tree plus the pending token
+
+
+def _after_load(root) -> None:
+    """What a load leaves in memory, once its sessions are made: the weight files' read-once pages and the free heap
+    released (runners/resident.py), then the packed weights moved to 2 MiB pages on a thread (huge_pages.py)."""
+    release_after_load(root)
+    collapse_in_background()
 
 
 class SpeculativeDecoder:
@@ -208,7 +217,8 @@ class SpeculativeDecoder:
                 log.info("target passes of more than %d tokens round unlike narrower ones on this CPU: prefill "
                          "chunks and verify passes stay within %d tokens (outputs unchanged by the cache)", width, width)
         cache = PromptCache(int(cache_ram_mib * 2**20), identity) if cache_ram_mib else None
-        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, pad, form)
+        key = calibration_key(identity, provider, threads, CALIBRATED_WIDTH, CALIBRATION_CONTEXT, pad, form,
+                              huge_pages=provider == "cpu" and huge_pages_enabled())
         suffix = SuffixCache(int(suffix_cache_mib * 2**20)) if suffix_cache_mib else None
         decoder = cls(root, manifest, runners["target"], runners.get("draft"), codec, prompt_cache=cache,
                       calibration_key=key, suffix_cache=suffix, identity=identity)
@@ -217,13 +227,13 @@ class SpeculativeDecoder:
         decoder.context_reason = reason
         decoder.closes_draft = provider == "cpu"
         if decoder.draft_sessions is not None:  # a session opened again reads its weight file again
-            decoder.draft_sessions.after_reopen = lambda: release_after_load(root)
+            decoder.draft_sessions.after_reopen = lambda: _after_load(root)
         # the weight files' read-once pages and the load's free heap (runners/resident.py): once the draft's session
         # is made when it opens on a thread (0.08-0.1 s less before load returns), else now
         if decoder.draft_sessions is not None and not decoder.draft_sessions.is_open:
-            decoder.draft_opening = decoder.draft_sessions.open_in_background(then=lambda: release_after_load(root))
+            decoder.draft_opening = decoder.draft_sessions.open_in_background(then=lambda: _after_load(root))
         else:
-            release_after_load(root)
+            _after_load(root)
         return decoder
 
     def fork(self) -> "SpeculativeDecoder":
@@ -278,6 +288,7 @@ class SpeculativeDecoder:
 
     def _calibrate(self, stop=None) -> tuple:
         """(costs measured now on this decoder's runners, the cores other processes used meanwhile or None)."""
+        settle()  # a pass timed while the weights are being moved to 2 MiB pages would be timed slow
         other = OtherLoad()
         try:
             with ExitStack() as holds:

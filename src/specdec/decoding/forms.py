@@ -27,6 +27,7 @@ from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, lo
                                                 other_cores_of, save_check)
 from specdec.decoding.cost_model import fill_context, time_passes
 from specdec.runners.factory import make_runner
+from specdec.runners.huge_pages import collapse_resident, settle
 from specdec.runners.resident import trim_heap
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ def measure_form(onnx_path: str, spec, provider: str, threads: int | None) -> di
     runner = make_runner(onnx_path, spec, provider, MEASURED_CONTEXT + max(widths) + 1, max(widths), threads)
     try:
         fill_context(runner, MEASURED_CONTEXT)
+        settle()
+        collapse_resident()  # timed as a load runs it: its packed weights on 2 MiB pages (runners/huge_pages.py)
         time_passes(runner, widths, 1)  # warm-up: first passes allocate
         return dict(zip(widths, time_passes(runner, widths, REPEATS)))
     finally:

@@ -23,6 +23,11 @@ if "SPECDEC_CACHE" not in os.environ:
     os.environ["SPECDEC_CACHE"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
     atexit.register(shutil.rmtree, os.environ["SPECDEC_CACHE"], True)
 
+# loads leave their memory on 4 KiB pages here: a background move of the whole test process's memory (GiBs of
+# torch and fixtures) would run beside unrelated tests, and what they measure (allocations, resident pages) with it;
+# tests/runners/test_huge_pages.py switches it on where it is the subject
+os.environ["SPECDEC_HUGE_PAGES"] = "0"
+
 from tiny_models import build_tiny_model, build_noisy_copy  # noqa: E402
 
 

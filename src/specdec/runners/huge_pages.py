@@ -106,16 +106,20 @@ def enabled() -> bool:
 
 
 def _resident_mappings(libc):
-    """(start, [pages] resident flags) of each anonymous mapping of at least one huge page."""
+    """(start, [pages] resident flags) of each piece (64 huge pages at most) of the anonymous mappings."""
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     with open("/proc/self/smaps") as smaps:
         mappings = anonymous_mappings(smaps.read())
+    step = 64 * HUGE_PAGE  # asked about in pieces: a byte per page of GiBs would be a buffer of MiBs
     for start, end in mappings:
-        if end - start < HUGE_PAGE:
-            continue
-        vector = (ctypes.c_ubyte * ((end - start) // _PAGE))()
-        if libc.mincore(start, end - start, vector) == 0:  # else the mapping went away meanwhile
-            yield start, np.frombuffer(vector, dtype=np.uint8) & 1
+        edges = [start, *range((start // step + 1) * step, end, step), end]  # inner edges on huge boundaries
+        for begin, stop in zip(edges, edges[1:]):
+            length = stop - begin
+            if length < HUGE_PAGE:
+                continue
+            vector = (ctypes.c_ubyte * (length // _PAGE))()
+            if libc.mincore(begin, length, vector) == 0:  # else the mapping went away meanwhile
+                yield begin, np.frombuffer(vector, dtype=np.uint8) & 1
 
 
 def resident_ranges() -> frozenset:

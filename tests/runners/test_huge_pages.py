@@ -76,9 +76,9 @@ def _private(size: int) -> tuple:
 def test_dense_memory_moves_to_huge_pages_and_sparse_memory_stays_as_it_was(monkeypatch, planted):
     """A touched mapping is collapsed with its bytes unchanged; a mapping with one page touched per 2 MiB keeps
     its resident size. Planted: every range collapsed whatever is resident must grow the sparse one."""
+    monkeypatch.delenv("SPECDEC_HUGE_PAGES", raising=False)  # tests/conftest.py switches it off for other tests
     if not os.path.exists("/proc/self/smaps") or not huge_pages.enabled():
         pytest.skip("no transparent huge pages here")
-    monkeypatch.delenv("SPECDEC_HUGE_PAGES", raising=False)
     dense, dense_at = _private(8 * HUGE_PAGE)
     sparse, sparse_at = _private(8 * HUGE_PAGE)
     kept, kept_at = _private(8 * HUGE_PAGE)  # touched, but marked as the KV caches are
@@ -110,3 +110,19 @@ def test_the_environment_switches_it_off(monkeypatch):
     assert huge_pages.collapse_resident() == (0, 0.0)
     huge_pages.collapse_in_background()
     huge_pages.settle()
+
+
+@pytest.mark.integration
+def test_a_load_moves_its_memory_once_its_sessions_are_made(tiny_bundle, monkeypatch):
+    """The load hands the move to its thread after the sessions are made (the draft's too, when it opens on a
+    thread of its own), and the key its pass costs are stored under says which pages they were measured on."""
+    from specdec.decoding import decoder as decoding
+
+    calls = []
+    monkeypatch.setattr(decoding, "collapse_in_background", lambda: calls.append(True))
+    monkeypatch.delenv("SPECDEC_HUGE_PAGES", raising=False)
+    loaded = decoding.SpeculativeDecoder.load(tiny_bundle)
+    if loaded.draft_opening is not None:
+        loaded.draft_opening.join()
+    assert calls == [True]
+    assert ('"pages": "2 MiB"' in loaded._calibration_key) == huge_pages.enabled()

@@ -120,7 +120,7 @@ def machine_key(bundle_identity: str, provider: str, threads: int | None, **more
 def calibration_key(bundle_identity: str, provider: str, threads: int | None, max_tokens: int, context: int,
                     one_row_padded: bool = False, form: str | None = None, huge_pages: bool = False) -> str:
     # exact_rows: a padded one-token pass costs a two-token one; form: the weight form run; huge_pages: the packed
-    # weights on 2 MiB pages (6-13% faster one-token passes: measured again) (keys without any stay as they were)
+    # weights on 2 MiB pages (6-11% faster one-token passes: measured again) (keys without any stay as they were)
     more = (({"one_row_padded": True} if one_row_padded else {}) | ({"form": form} if form else {})
             | ({"pages": "2 MiB"} if huge_pages else {}))
     return machine_key(bundle_identity, provider, threads, max_tokens=max_tokens, context=context, **more)

@@ -183,13 +183,11 @@ def _collapse_until_done() -> None:
             _STATE["again"] = False
 
 
-def settle(timeout: float | None = None) -> None:
+def settle() -> None:
     """Wait until no background collapse runs (a pass timed beside one would be timed slow)."""
-    while True:
+    while True:  # a collapse asked for meanwhile may have started a new thread
         with _LOCK:
             thread = _STATE["thread"]
         if thread is None or not thread.is_alive():
             return
-        thread.join(timeout)
-        if timeout is not None:
-            return
+        thread.join()

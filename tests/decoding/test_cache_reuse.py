@@ -268,3 +268,19 @@ def test_the_first_round_of_a_default_request_is_a_one_token_pass():
     list(stream)
     assert stream.stats.suffix_rounds > 0
     assert stream.token_ids == decoder.fork().generate(prompt_ids, max_new_tokens=40, num_draft_tokens=0).token_ids
+
+
+def test_a_draft_outbid_on_its_prior_is_still_tried_in_the_request(monkeypatch):
+    """Default auto hybrid where the draft's controller picks a chain on its prior acceptance but the catch-up
+    over the prompt makes target-only outbid it: the request's first such round runs the draft once anyway (its
+    catch-up is only the prompt), the measured acceptance takes over, and the tokens are target-only's. Planted:
+    without that trial the draft never runs (each round's veto makes the lag, and the next veto, larger)."""
+    from specdec.decoding.cost_model import Costs, ObservedCosts
+
+    monkeypatch.setattr(ObservedCosts, "observe_pass", lambda self, role, tokens, seconds: None)  # the clock aside
+    costs = Costs(draft_step=0.37, verify=(1.0, 1.13, 1.40, 1.65, 1.91, 2.18, 2.44, 2.70, 2.95))
+    decoder = scripted_decoder(eos=None, costs=costs, draft_noise=0.2)
+    prompt_ids = [int(t) for t in np.random.default_rng(5).integers(0, 15, 60)]  # little for suffix matching
+    result = decoder.generate(prompt_ids, max_new_tokens=40)
+    assert result.stats.draft_forwards > 0 and result.stats.rounds_by_source.get("draft", 0) > 1
+    assert result.token_ids == decoder.fork().generate(prompt_ids, max_new_tokens=40, num_draft_tokens=0).token_ids

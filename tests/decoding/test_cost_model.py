@@ -87,7 +87,11 @@ def test_a_chain_passed_over_by_its_caller_still_gets_its_probes():
     assert probes == [15, 47]
     auto.observe(proposed=2, accepted=2)  # a round that ran the chosen chain
     assert [index for index in range(16) if auto.passed_over()] == [15]
-    assert auto.probe_now() and auto.probing and auto.rounds_without_draft == 0
+    lender = AutoDraftLength(GENAI, budget=ProbeBudget(0.03))  # no credit yet: a trial borrows from what is ahead
+    cost = lender.probe_cost(10)
+    assert not lender.trial(10, ahead=0.9 * cost / 0.03) and not lender.probing
+    assert lender.trial(10, ahead=1.1 * cost / 0.03) and lender.probing and lender.rounds_without_draft == 0
+    assert lender.budget.credit == pytest.approx(-cost)  # owed: the next target seconds pay it back
 
 
 def test_the_draft_controller_backs_off_its_probes():

@@ -184,6 +184,17 @@ class ProbeBudget:
             self.credit -= seconds
             return True
 
+    def borrow(self, seconds: float, ahead: float) -> bool:
+        """``spend`` against the credit plus what ``ahead`` target seconds still to run will earn: the credit may go
+        below zero, and those seconds pay it back. False (nothing taken): not even then."""
+        if self.share is None:
+            return True
+        with self._lock:
+            if self.credit + self.share * ahead < seconds:
+                return False
+            self.credit -= seconds
+            return True
+
     def reset(self) -> None:
         with self._lock:
             self.credit = 0.0
@@ -248,8 +259,11 @@ class AutoDraftLength:
             return True
         return False
 
-    def probe_now(self) -> bool:
-        """Make this round a probe whatever the wait and the budget (a caller's one-off trial); True."""
+    def trial(self, lag: int, ahead: float) -> bool:
+        """A caller's one-off probe out of turn, paid from the budget with ``ahead`` target seconds still to run
+        lent against it (``ProbeBudget.borrow``): True (``probing`` set) when it holds the probe's cost."""
+        if self.budget is not None and not self.budget.borrow(self.probe_cost(lag), ahead):
+            return False
         self.rounds_without_draft = 0
         self.probing = True
         return True

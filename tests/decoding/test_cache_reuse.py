@@ -268,26 +268,3 @@ def test_the_first_round_of_a_default_request_is_a_one_token_pass():
     list(stream)
     assert stream.stats.suffix_rounds > 0
     assert stream.token_ids == decoder.fork().generate(prompt_ids, max_new_tokens=40, num_draft_tokens=0).token_ids
-
-
-def test_a_draft_outbid_on_its_prior_is_tried_once_where_the_answer_pays_for_it(monkeypatch):
-    """Default auto hybrid where the draft's controller picks a chain on its prior acceptance but the catch-up
-    over the prompt makes target-only outbid it: the request's first such round runs the draft once anyway when
-    the probe budget, lent 3% of the answer's expected target seconds, holds its cost (a 30-token prompt; then
-    the measured acceptance and the suffix trees decide); after a 60-token prompt the catch-up is dearer than
-    that and the draft never runs. The tokens are target-only's. Planted: without the trial the draft never
-    runs after the short prompt (each round's veto makes the lag, and the next veto, larger); a trial that
-    ignores its cost runs it after the long one."""
-    from specdec.decoding.cost_model import Costs, ObservedCosts
-
-    monkeypatch.setattr(ObservedCosts, "observe_pass", lambda self, role, tokens, seconds: None)  # the clock aside
-    costs = Costs(draft_step=0.37, verify=(1.0, 1.13, 1.40, 1.65, 1.91, 2.18, 2.44, 2.70, 2.95))
-    decoder = scripted_decoder(eos=None, costs=costs, draft_noise=0.2)
-    rng = np.random.default_rng(5)
-    for length, tried in ((30, True), (60, False)):
-        prompt_ids = [int(t) for t in rng.integers(0, 15, length)]  # little for suffix matching
-        decoder.probe_budget.reset()
-        result = decoder.generate(prompt_ids, max_new_tokens=120)
-        assert (result.stats.rounds_by_source.get("draft", 0) > 0) == (result.stats.draft_forwards > 0) == tried
-        baseline = decoder.fork().generate(prompt_ids, max_new_tokens=120, num_draft_tokens=0)
-        assert result.token_ids == baseline.token_ids

@@ -114,18 +114,12 @@ class ObservedCosts:
     ever runs, and refreshing only the widths that run would compare a long-context c(g+1) with a
     short-context c(1) (auto would flip to target-only, refresh c(1), flip back, ...). The calibrated
     shape c(T)/c(1) is kept.
-
-    Until the draft's own step has run, its scale follows the target's: what moves the target's passes away from
-    their calibration (the VM's phase, a context shallower than the calibration's) moves the draft's alike, and
-    a draft priced at its stale calibration beside a target priced live loses rounds it would win (or the
-    reverse) on nothing but the clock.
     """
 
     def __init__(self, costs: Costs, decay: float = 0.8):
         self.costs = costs
         self.calibrated = costs  # the shape; self.costs = calibrated x the observed scale of each model
-        self.target_scale = 1.0
-        self.draft_scale = None  # None: no draft step observed yet, the target's scale stands in
+        self.target_scale = self.draft_scale = 1.0
         self.decay = decay
 
     def observe_pass(self, role: str, tokens: int, seconds: float) -> None:
@@ -137,12 +131,10 @@ class ObservedCosts:
             self.target_scale = keep * self.target_scale + (1 - keep) * ratio
         elif role == "draft" and 1 <= tokens <= 2 and calibrated.draft_step > 0:
             ratio = seconds / calibrated.draft_step
-            self.draft_scale = keep * (self.target_scale if self.draft_scale is None else self.draft_scale) + (
-                1 - keep) * ratio
+            self.draft_scale = keep * self.draft_scale + (1 - keep) * ratio
         else:
             return
-        draft_scale = self.target_scale if self.draft_scale is None else self.draft_scale
-        self.costs = Costs(calibrated.draft_step * draft_scale,
+        self.costs = Costs(calibrated.draft_step * self.draft_scale,
                            tuple(cost * self.target_scale for cost in calibrated.verify))
 
 
@@ -180,17 +172,6 @@ class ProbeBudget:
             return True
         with self._lock:
             if self.credit < seconds:
-                return False
-            self.credit -= seconds
-            return True
-
-    def borrow(self, seconds: float, ahead: float) -> bool:
-        """``spend`` against the credit plus what ``ahead`` target seconds still to run will earn: the credit may go
-        below zero, and those seconds pay it back. False (nothing taken): not even then."""
-        if self.share is None:
-            return True
-        with self._lock:
-            if self.credit + self.share * ahead < seconds:
                 return False
             self.credit -= seconds
             return True
@@ -237,36 +218,21 @@ class AutoDraftLength:
 
     def choose(self, lag: int = 0) -> int:
         """This round's g (0: no draft); ``probing`` says whether it is a probe round. ``lag``: committed tokens
-        the draft has not read (what a probe round would make it catch up on). A g > 0 chosen on its merits
-        counts as speculating once a round runs it (``observe``); a caller that runs something else instead says
-        so with ``passed_over``."""
+        the draft has not read (what a probe round would make it catch up on)."""
         gamma, speedup = best_gamma(self.acceptance, self.costs, self.max_gamma)
         self.probing = False
         if gamma > 0 and speedup >= self.min_gain:
+            self.rounds_without_draft = 0
+            self.probe_wait = self.probe_every
             return gamma
-        return 1 if self.passed_over(lag) else 0
-
-    def passed_over(self, lag: int = 0) -> bool:
-        """A round ran without the draft (its estimate lost, here or to another proposer's): True when a probe is
-        due and the budget holds its cost, and this round should run the draft at g = 1 (``probing`` set).
-        Without it a draft that another proposer outbids on the prior alone would never be tried again."""
         self.rounds_without_draft += 1
         if self.rounds_without_draft >= self.probe_wait and (
                 self.budget is None or self.budget.spend(self.probe_cost(lag))):
             self.rounds_without_draft = 0
             self.probe_wait = min(2 * self.probe_wait, self.max_probe_every)
             self.probing = True
-            return True
-        return False
-
-    def trial(self, lag: int, ahead: float) -> bool:
-        """A caller's one-off probe out of turn, paid from the budget with ``ahead`` target seconds still to run
-        lent against it (``ProbeBudget.borrow``): True (``probing`` set) when it holds the probe's cost."""
-        if self.budget is not None and not self.budget.borrow(self.probe_cost(lag), ahead):
-            return False
-        self.rounds_without_draft = 0
-        self.probing = True
-        return True
+            return 1
+        return 0
 
     def tokens_per_second(self, gamma: int, extra_seconds: float = 0.0) -> float:
         """Expected emitted tokens per second of a round with ``gamma`` proposals, at the current estimates."""
@@ -300,9 +266,6 @@ class AutoDraftLength:
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:
             return
-        if not self.probing:  # a round that speculated on its merits: the probe waits start again
-            self.rounds_without_draft = 0
-            self.probe_wait = self.probe_every
         self.accepted = self.accepted * self.decay + accepted
         self.rejected = self.rejected * self.decay + (1.0 if accepted < proposed else 0.0)
 

@@ -6,13 +6,9 @@ pay where it predicts the target well and its step is cheap beside the target's.
 machine's measured pass costs (``Suffix.priced``: the tree's expected tokens over its verify pass; the draft's
 ``AutoDraftLength`` estimate), and charges the draft the catch-up pass over the tokens other rounds committed
 since it last ran, spread over ``DRAFT_CATCH_UP_ROUNDS`` rounds. A probe round runs the draft whatever the
-estimates say (how a pessimistic estimate recovers; paid from the decoder's probe budget), also in place of
-a target-only round that outbid the chain the draft's own controller chose: the request's first such round if the
-budget, lent what the answer's next target seconds will earn, holds its cost, later ones on the controller's
-schedule (else a draft outbid on its prior acceptance in the first rounds would never run in that request; a
-suffix tree's round is never given up for one). The draft prefills lazily: its cache catches up on the prompt
-in the first round that uses it, and a request whose draft prefill would cost more than the draft can save
-(``draft_prefill_loses``) proposes by suffix matching alone.
+estimates say (how a pessimistic estimate recovers; paid from the decoder's probe budget). The draft prefills
+lazily: its cache catches up on the prompt in the first round that uses it, and a request whose draft prefill
+would cost more than the draft can save (``draft_prefill_loses``) proposes by suffix matching alone.
 Fixed lengths: the suffix tree when there is one, else the draft's chain.
 """
 
@@ -23,7 +19,6 @@ from specdec.decoding.proposers.draft import DraftChain
 from specdec.decoding.proposers.suffix import Suffix
 
 DRAFT_CATCH_UP_ROUNDS = 4  # the draft's catch-up pass charged over this many rounds
-DRAFT_TRIAL_HORIZON = 128  # new tokens at most counted on to pay back a first-round trial of the draft
 DRAFT_SAVING = 0.1  # the fraction of decode time the draft model is expected to save over suffix proposals alone
 
 
@@ -35,7 +30,6 @@ class Hybrid(Proposer):
         self.suffix = Suffix(request, resources)
         self.draft = None
         self.draft_skipped = False  # the draft's prefill would cost more than it saves: suffix matching alone
-        self.trial_due = True  # no round of this request has run the draft or considered a trial
         if resources.draft is not None:
             if request.auto and draft_prefill_loses(request, resources):
                 self.draft_skipped = True
@@ -54,24 +48,12 @@ class Hybrid(Proposer):
         if self.suffix.rounds == 0:
             return None  # the first token as soon as target-only's: a one-token pass, not a wide verify
         tree, suffix_rate = self.suffix.priced(tree, round)
-        no_tree = tree is None or not tree.tokens
         if gamma > 0:
             auto = self.draft.auto
             catch_up = auto.draft_catch_up(self.draft.lag(round)) / DRAFT_CATCH_UP_ROUNDS
             if auto.probing or auto.tokens_per_second(gamma, extra_seconds=catch_up) > max(
                     suffix_rate, self.suffix.target_only_rate()):
-                self.trial_due = False
                 return self.draft.drafted(round, gamma)
-            # a target-only round where the draft's own controller wanted a chain: the request's first such round
-            # tries the draft if the probe budget, lent what the rest of the answer will earn, holds its catch-up
-            # (then only the prompt); later ones probe on the controller's schedule
-            if no_tree and self.trial_due:
-                self.trial_due = False
-                ahead = min(round.budget, DRAFT_TRIAL_HORIZON) * auto.costs.verify_cost(1)
-                if auto.trial(self.draft.lag(round), ahead):
-                    return self.draft.drafted(round, 1)
-            elif no_tree and auto.passed_over(self.draft.lag(round)):
-                return self.draft.drafted(round, 1)
         return self.suffix.proposal(tree)
 
     def observe(self, proposal: Proposal | None, result: RoundResult) -> None:

@@ -10,8 +10,9 @@ import time
 
 
 @contextlib.contextmanager
-def served_app(app, grace: float = 1.0, seconds: float = 30.0):
-    """Yields (base url, the uvicorn server) once /health answers (within ``seconds``); stops it on exit."""
+def served_app(app, grace: float = 1.0, seconds: float = 30.0, ready_path: str = "/health"):
+    """Yields (base url, the uvicorn server) once ``ready_path`` answers 200 (within ``seconds``; "/" for an app
+    still loading, whose /health answers 503); stops it on exit."""
     import httpx
     import uvicorn
 
@@ -25,7 +26,7 @@ def served_app(app, grace: float = 1.0, seconds: float = 30.0):
         deadline = time.monotonic() + seconds
         while True:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}{ready_path}", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise AssertionError(f"server at {url} not healthy within {seconds}s")

@@ -346,12 +346,14 @@ def test_text_appears_while_it_streams_and_stop_keeps_it(tool, browser, decoder)
         assert browser.find_element(By.ID, "send").is_displayed()
 
 
-def _planted_page(tmp_path: Path) -> Path:
-    """The page, with app.js re-rendering each answer as HTML on every piece (what a Markdown renderer does)."""
+def _planted_page(tmp_path: Path, old: str = "live.append(span(piece, source));",
+                  new: str = "live.innerHTML = reply.content;") -> Path:
+    """The page with ``old`` in app.js replaced by ``new`` (by default: each answer re-rendered as HTML on every
+    piece, what a Markdown renderer does)."""
     folder = tmp_path / "planted-webui"
     shutil.copytree(WEBUI, folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     script = (folder / "app.js").read_text()
-    planted = script.replace("live.append(span(piece, source));", "live.innerHTML = reply.content;")
+    planted = script.replace(old, new)
     assert planted != script, "the plant must change the page"
     (folder / "app.js").write_text(planted)
     return folder
@@ -408,6 +410,44 @@ def test_markup_in_a_reply_stays_text(tool, browser, decoder, variant, monkeypat
     else:
         assert any("markup ran" in p for p in problems), problems
         assert set(foreign) == {"http://127.0.0.2:9/planted"}
+
+
+@pytest.mark.parametrize("variant", ["page", "planted: no second try"])
+def test_a_page_opened_while_the_model_loads_waits_for_it(tool, browser, decoder, variant, tmp_path):
+    """Opened while the model loads (every route but the page's files answers 503 "Loading model"), the page says
+    the model is loading and asks again (Retry-After); once the pool is attached it shows the server's description
+    and clears the status. Planted: a page that does not ask again stays on its error without the model's name."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from served_app import served_app
+    from specdec.serving.app import ServerOptions, create_app
+    from specdec.serving.pool import DecoderPool, PoolOptions
+
+    options = {}
+    if variant != "page":
+        options["webui_dir"] = str(_planted_page(tmp_path, "if (error.status === 503) {", "if (false) {"))
+    app = create_app(None, ServerOptions(model_name=MODEL, shutdown_grace=1.0, **options))
+
+    def status():
+        return browser.execute_script("return document.getElementById('status').textContent")
+
+    with served_app(app, ready_path="/") as (url, _):
+        browser.get(url)
+        WebDriverWait(browser, 10).until(lambda d: status() != "")
+        loading = status()
+        app.state.engine.attach(DecoderPool(decoder.fork(), PoolOptions(workers=1, max_queue=2)))
+        try:
+            WebDriverWait(browser, 10).until(
+                lambda d: d.execute_script("return document.getElementById('info-model').textContent") == MODEL)
+            described = True
+        except TimeoutException:
+            described = False
+        after = status()
+    if variant == "page":
+        assert "loading" in loading and described and after == "", (loading, after)
+    else:
+        assert "HTTP 503" in loading and not described and after == loading
 
 
 def test_page_headers_and_no_webui(served, decoder):

@@ -13,6 +13,7 @@
     current: null,
     running: null, // the AbortController of the answer streaming now
     props: null,
+    loading: false, // the server answered 503 "Loading model": the page asks again until it answers
     nextId: 1,
   };
 
@@ -33,7 +34,12 @@
   // ------------------------------------------------------------------ the server's description
   async function getJSON(path) {
     const response = await fetch(path, { headers: { Accept: "application/json" } });
-    if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+    if (!response.ok) {
+      const error = new Error(`${path}: HTTP ${response.status}`);
+      error.status = response.status;
+      error.retryAfter = Number(response.headers.get("Retry-After")) || 1;
+      throw error;
+    }
     return response.json();
   }
 
@@ -54,7 +60,15 @@
       $("info-cache").textContent = `RAM ${mib(spec.prompt_cache_mib)}, suffix ${mib(spec.suffix_cache_mib)}`;
       $("info-workers").textContent = String(spec.workers || props.total_slots || "?");
       fillProposers(spec.proposers || [], spec.has_draft !== false);
+      if (state.loading) setStatus("", false);
+      state.loading = false;
     } catch (error) {
+      if (error.status === 503) { // llama-server's "Loading model": the model is still loading, ask again
+        state.loading = true;
+        setStatus("the server is loading its model…", false);
+        setTimeout(loadServer, Math.min(error.retryAfter, 10) * 1000);
+        return;
+      }
       setStatus(`cannot read the server's description: ${error.message}`, true);
       fillProposers([], true);
     }

@@ -216,13 +216,11 @@ def test_pass_allocations_are_flat_in_the_context(any_runner):
 
 def _resident_bytes(array) -> int:
     """Resident bytes of the mappings ``array``'s memory lies in (/proc/self/smaps)."""
-    from specdec.runners.resident import file_mappings
+    from specdec.runners.proc_maps import read_smaps
 
     low = array.ctypes.data
     high = low + array.nbytes
-    with open("/proc/self/smaps") as smaps:
-        return sum(resident * 1024 for start, end, _, resident, _, _ in file_mappings(smaps.read())
-                   if start < high and end > low)
+    return sum(m.rss_kb * 1024 for m in read_smaps() if m.start < high and m.end > low)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")

@@ -12,6 +12,7 @@ import pytest
 
 from specdec.runners import huge_pages
 from specdec.runners.huge_pages import HUGE_PAGE, anonymous_mappings, resident_runs
+from specdec.runners.proc_maps import parse_smaps
 
 PAGE = 4096
 PAGES = (2 << 20) // PAGE
@@ -48,7 +49,7 @@ def test_only_private_writable_anonymous_mappings_are_candidates():
         mapping("7f0014000000-7f0018000000 rw-p 00000000 00:00 0 ", "rd wr mr mw me ac nh"),
         mapping("7ffc00000000-7ffc00100000 rw-p 00000000 00:00 0                          [stack]"),
     ])
-    assert anonymous_mappings(smaps) == [(0x55d0c0000000, 0x55d0c2000000), (0x7f0000000000, 0x7f0004000000),
+    assert anonymous_mappings(parse_smaps(smaps)) == [(0x55d0c0000000, 0x55d0c2000000), (0x7f0000000000, 0x7f0004000000),
                                          (0x7f0008000000, 0x7f000c000000)]
 
 

@@ -14,7 +14,8 @@ import os
 import numpy as np
 import pytest
 
-from specdec.runners.resident import file_mappings, read_rows_singly, release_read_once_pages, trim_heap
+from specdec.runners.proc_maps import Mapping, parse_smaps, read_smaps
+from specdec.runners.resident import read_rows_singly, release_read_once_pages, trim_heap
 from paths import TOOLS
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
@@ -24,10 +25,9 @@ SIZE = 4 * 2**20
 
 def _mapping_of(area) -> tuple:
     address = ctypes.addressof(ctypes.c_char.from_buffer(area))
-    with open("/proc/self/smaps") as smaps:
-        for start, end, path, resident, swapped, anonymous in file_mappings(smaps.read()):
-            if start <= address < end:
-                return resident, swapped, anonymous
+    for m in read_smaps():
+        if m.start <= address < m.end:
+            return m.rss_kb, m.swap_kb, m.anonymous_kb
     raise AssertionError("mapping not found")
 
 
@@ -101,10 +101,14 @@ def test_rows_read_from_a_bundle_mapping_cost_their_own_pages_only(tmp_path):
         mapped.close()
 
 
-def test_file_mappings_reads_each_mapping_s_counters():
-    text = ("7f00-7f10 r--p 00000000 fe:00 12 /b/model.onnx.data\nRss: 8 kB\nAnonymous: 0 kB\nSwap: 0 kB\n"
-            "7f10-7f20 rw-p 00000000 00:00 0 \nRss: 4 kB\nAnonymous: 4 kB\nSwap: 8 kB\n")
-    assert file_mappings(text) == [(0x7F00, 0x7F10, "/b/model.onnx.data", 8, 0, 0), (0x7F10, 0x7F20, "", 4, 8, 4)]
+def test_parse_smaps_reads_each_mapping_s_header_and_counters():
+    text = ("7f00-7f10 r--p 00002000 fe:00 12 /b/model.onnx.data\nRss: 8 kB\nAnonymous: 0 kB\nSwap: 0 kB\n"
+            "VmFlags: rd mr mw me\n7f10-7f20 rw-p 00000000 00:00 0 \nRss: 4 kB\nAnonymous: 4 kB\nSwap: 8 kB\n"
+            "7f20-7f30 rw-p 00000000 00:00 0                  [anon:onnxruntime]\n")
+    assert parse_smaps(text) == [
+        Mapping(0x7F00, 0x7F10, "r--p", 0x2000, 12, "/b/model.onnx.data", 8, 0, 0, ("rd", "mr", "mw", "me")),
+        Mapping(0x7F10, 0x7F20, "rw-p", 0, 0, "", 4, 8, 4),
+        Mapping(0x7F20, 0x7F30, "rw-p", 0, 0, "[anon:onnxruntime]")]
 
 
 def test_trim_heap_runs():

@@ -28,13 +28,12 @@ import ctypes
 import errno
 import logging
 import os
-import re
 import threading
 import time
 
 import numpy as np
 
-from specdec.runners.resident import _libc
+from specdec.runners.proc_maps import Mapping, libc, read_smaps
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +50,18 @@ def _pmd_size() -> int:
 HUGE_PAGE = _pmd_size()
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_COLLAPSE = 25  # linux/mman.h, Linux 6.1+
-_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S{4} ")
-_ANONYMOUS = re.compile(r"^[0-9a-f]+-[0-9a-f]+ rw-p \S+ \S+ 0\s*(\[heap\]|\[anon:[^\]]*\])?\s*$")
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def anonymous_mappings(smaps_text: str) -> list:
-    """(start, end) of each private, writable, anonymous mapping of a /proc/self/smaps text (the heap included; the
-    stack, files, shared memory and mappings marked ``MADV_NOHUGEPAGE`` not: the KV caches, kv_store.py)."""
-    mappings, current = [], None
-    for line in smaps_text.splitlines():
-        head = _MAPPING.match(line)
-        if head:
-            current = None
-            if _ANONYMOUS.match(line):
-                current = [int(head.group(1), 16), int(head.group(2), 16), True]
-                mappings.append(current)
-        elif current is not None and line.startswith("VmFlags:"):
-            current[2] = "nh" not in line.split()[1:]
-    return [(start, end) for start, end, allowed in mappings if allowed]
+def anonymous_mappings(mappings: list) -> list:
+    """(start, end) of each private, writable, anonymous ``Mapping`` (the heap included; the stack, files, shared
+    memory and mappings marked ``MADV_NOHUGEPAGE`` not: the KV caches, kv_store.py)."""
+    return [(m.start, m.end) for m in mappings if _anonymous(m) and "nh" not in m.vm_flags]
+
+
+def _anonymous(mapping: Mapping) -> bool:
+    return mapping.perms == "rw-p" and mapping.inode == 0 and (
+        mapping.path in ("", "[heap]") or (mapping.path.startswith("[anon:") and mapping.path.endswith("]")))
 
 
 def resident_runs(start: int, resident,  # resident: [pages] bool, page i of the mapping at start + i * page
@@ -105,11 +97,10 @@ def enabled() -> bool:
         return False
 
 
-def _resident_mappings(libc):
-    """(start, [pages] resident flags) of each piece (64 huge pages at most) of the anonymous mappings."""
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    with open("/proc/self/smaps") as smaps:
-        mappings = anonymous_mappings(smaps.read())
+def _resident_mappings(c_library, mappings: list):
+    """(start, [pages] resident flags) of each piece (64 huge pages at most) of the anonymous ``mappings``."""
+    c_library.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    mappings = anonymous_mappings(mappings)
     step = 64 * HUGE_PAGE  # asked about in pieces: a byte per page of GiBs would be a buffer of MiBs
     for start, end in mappings:
         edges = [start, *range((start // step + 1) * step, end, step), end]  # inner edges on huge boundaries
@@ -118,32 +109,36 @@ def _resident_mappings(libc):
             if length < HUGE_PAGE:
                 continue
             vector = (ctypes.c_ubyte * (length // _PAGE))()
-            if libc.mincore(begin, length, vector) == 0:  # else the mapping went away meanwhile
+            if c_library.mincore(begin, length, vector) == 0:  # else the mapping went away meanwhile
                 yield begin, np.frombuffer(vector, dtype=np.uint8) & 1
 
 
 def resident_ranges() -> frozenset:
     """Addresses of the 2 MiB ranges of anonymous memory wholly resident now (a tool's ``exclude``: memory that
     existed before a runner was made)."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mincore") or not os.path.exists("/proc/self/smaps"):
+    c_library = libc()
+    mappings = read_smaps() if c_library is not None and hasattr(c_library, "mincore") else None
+    if mappings is None:
         return frozenset()
-    return frozenset(address + offset for start, resident in _resident_mappings(libc)
+    return frozenset(address + offset for start, resident in _resident_mappings(c_library, mappings)
                      for address, length in resident_runs(start, resident) for offset in range(0, length, HUGE_PAGE))
 
 
 def collapse_resident(exclude: frozenset = frozenset()) -> tuple:
     """Back every wholly resident 2 MiB range of this process's anonymous memory (but the addresses in ``exclude``)
     with a huge page; returns (bytes the kernel collapsed, seconds). (0, 0.0) where it is off or unsupported."""
-    libc = _libc()
-    if not enabled() or libc is None or not hasattr(libc, "madvise") or not hasattr(libc, "mincore"):
+    c_library = libc()
+    if not enabled() or c_library is None or not hasattr(c_library, "madvise") or not hasattr(c_library, "mincore"):
+        return 0, 0.0
+    mappings = read_smaps()
+    if mappings is None:
         return 0, 0.0
     begin = time.perf_counter()
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     collapsed, refused = 0, 0
-    for start, resident in _resident_mappings(libc):
+    for start, resident in _resident_mappings(c_library, mappings):
         for address, length in resident_runs(start, resident, exclude=exclude):
-            if libc.madvise(address, length, _MADV_COLLAPSE) == 0:
+            if c_library.madvise(address, length, _MADV_COLLAPSE) == 0:
                 collapsed += length
             else:  # EINVAL: a kernel before 6.1; EAGAIN / ENOMEM: no free huge page now: left on 4 KiB pages
                 refused = ctypes.get_errno()

@@ -35,8 +35,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 from pathlib import Path
+
+from specdec.runners.proc_maps import libc, read_smaps
 
 log = logging.getLogger(__name__)
 
@@ -46,56 +47,18 @@ _MADV_RANDOM = 1  # linux/mman.h
 # the dropped page cache costs a few reads, not one per page (measured: a first 7k-token prefill 1.04x slower)
 SPARSE_MAPPING_BYTES = 2**20
 _MADV_PAGEOUT = 21
-_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$")
-_OFFSET = re.compile(r"^([0-9a-f]+)-[0-9a-f]+ \S+ ([0-9a-f]+) ")
-
-
-_LIBC: list = []
-
-
-def _libc():
-    """The C library the process already links (None where ctypes cannot open it)."""
-    if not _LIBC:
-        try:
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
-
-
-def file_mappings(smaps_text: str) -> list:
-    """(start, end, path, resident kB, swapped kB, anonymous kB) of each mapping in a smaps text."""
-    mappings, current = [], None
-    for line in smaps_text.splitlines():
-        head = _MAPPING.match(line)
-        if head:
-            current = [int(head.group(1), 16), int(head.group(2), 16), head.group(3).strip(), 0, 0, 0]
-            mappings.append(current)
-            continue
-        if current is None:
-            continue
-        for index, field in ((3, "Rss:"), (4, "Swap:"), (5, "Anonymous:")):
-            if line.startswith(field):
-                current[index] = int(line.split()[1])
-    return [tuple(mapping) for mapping in mappings]
-
-
-def mapping_offsets(smaps_text: str) -> dict:
-    """{start address: the file offset it maps from} of each mapping in a smaps (or maps) text."""
-    return {int(m.group(1), 16): int(m.group(2), 16) for line in smaps_text.splitlines()
-            if (m := _OFFSET.match(line))}
 
 
 def _bundle_mappings(root: str | Path):
-    """(``madvise(address, length, advice)``, the mappings of files under ``root`` as ``file_mappings`` gives them),
-    or None where the platform lacks /proc/self/smaps or madvise."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "madvise") or not os.path.exists("/proc/self/smaps"):
+    """(``madvise(address, length, advice)``, the ``Mapping`` records of files under ``root``), or None where the
+    platform lacks /proc/self/smaps or madvise."""
+    c_library = libc()
+    mappings = read_smaps() if c_library is not None and hasattr(c_library, "madvise") else None
+    if mappings is None:
         return None
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     inside = str(Path(root).resolve()) + os.sep
-    with open("/proc/self/smaps") as smaps:
-        return libc.madvise, [mapping for mapping in file_mappings(smaps.read()) if mapping[2].startswith(inside)]
+    return c_library.madvise, [mapping for mapping in mappings if mapping.path.startswith(inside)]
 
 
 def release_read_once_pages(root: str | Path) -> int:
@@ -106,13 +69,13 @@ def release_read_once_pages(root: str | Path) -> int:
         return 0
     madvise, mappings = found
     released = 0
-    for start, end, path, resident, swapped, anonymous in mappings:
-        if resident == 0 or anonymous or swapped:
+    for mapping in mappings:
+        if mapping.rss_kb == 0 or mapping.anonymous_kb or mapping.swap_kb:
             continue
-        if madvise(start, end - start, _MADV_PAGEOUT) == 0:
-            released += resident * 1024
+        if madvise(mapping.start, mapping.end - mapping.start, _MADV_PAGEOUT) == 0:
+            released += mapping.rss_kb * 1024
         else:
-            log.debug("madvise(%s, MADV_PAGEOUT) refused: errno %d", path, ctypes.get_errno())
+            log.debug("madvise(%s, MADV_PAGEOUT) refused: errno %d", mapping.path, ctypes.get_errno())
             return released  # the kernel or the file's permissions refuse it: so will the rest
     return released
 
@@ -126,14 +89,12 @@ def read_rows_singly(root: str | Path) -> int:
     if found is None:
         return 0
     madvise, mappings = found
-    with open("/proc/self/maps") as maps:
-        offsets = mapping_offsets(maps.read())
     ranges: dict = {}  # path -> [(file offset, length)] of its sparse mappings
-    for start, end, path, *_ in mappings:
-        if end - start >= SPARSE_MAPPING_BYTES:  # a table a pass gathers rows of; a small tensor is read whole
-            madvise(start, end - start, _MADV_RANDOM)  # a hint: harmless on whatever the range holds now
-            if start in offsets:
-                ranges.setdefault(path, []).append((offsets[start], end - start))
+    for mapping in mappings:
+        length = mapping.end - mapping.start
+        if length >= SPARSE_MAPPING_BYTES:  # a table a pass gathers rows of; a small tensor is read whole
+            madvise(mapping.start, length, _MADV_RANDOM)  # a hint: harmless on whatever the range holds now
+            ranges.setdefault(mapping.path, []).append((mapping.offset, length))
     files = sorted(ranges)
     for path in files:
         try:
@@ -150,10 +111,10 @@ def read_rows_singly(root: str | Path) -> int:
 
 def trim_heap() -> bool:
     """Give glibc's free heap pages back to the OS (``malloc_trim(0)``); False where there is no such call."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "malloc_trim"):
+    c_library = libc()
+    if c_library is None or not hasattr(c_library, "malloc_trim"):
         return False
-    return bool(libc.malloc_trim(0))
+    return bool(c_library.malloc_trim(0))
 
 
 def release_after_load(root: str | Path) -> None:

@@ -133,3 +133,25 @@ def test_long_context_prompts_are_cut_from_the_standard_library():
     assert {p["kind"] for p in prompts} == {"long-code", "long-docs"} and len(prompts) >= 6
     assert all(300 < len(p["prompt"]) <= 400 and p["prompt"].endswith("\n") for p in prompts)
     assert len({p["id"] for p in prompts}) == len(prompts)
+
+
+def test_the_default_is_compared_with_the_best_other_mode_of_each_kind():
+    """Per kind, the default's decode rate over the best other specdec mode's (target only included), peers left
+    out; nothing without the default or without another mode."""
+    def run(prompt, kind, mode, seconds):
+        return {**_run(prompt, mode, 100, seconds), "kind": kind}
+
+    modes = {"0": {"num_draft_tokens": 0}, "auto": {"num_draft_tokens": "auto"},
+             "auto:suffix": {"num_draft_tokens": "auto", "proposer": "suffix"}}
+    runs = [run("c", "code", "0", 10.0), run("c", "code", "auto", 5.0), run("c", "code", "auto:suffix", 4.0),
+            run("e", "edit", "0", 10.0), run("e", "edit", "auto", 4.0), run("e", "edit", "auto:suffix", 5.0),
+            run("c", "code", "llama:target", 2.0), run("e", "edit", "llama:target", 2.0)]
+    summary = summarize(runs, COSTS, 0.0)
+    against = bench.default_against_others(modes, summary)
+    assert against["code"] == {"ratio": pytest.approx(0.8), "best": "auto:suffix"}
+    assert against["edit"] == {"ratio": pytest.approx(1.25), "best": "auto:suffix"}
+    assert against["all"] == {"ratio": pytest.approx(1.0), "best": "auto:suffix"}
+    text = markdown({"summary": summary, "modes": modes, "costs": {"draft_step": 0.3, "verify": list(COSTS.verify)}})
+    assert "The default (auto) against the best other mode of this run, decode tok/s: code 0.80x (auto:suffix)" in text
+    assert bench.default_against_others({"auto": modes["auto"]}, summary) == {}
+    assert bench.default_against_others({k: modes[k] for k in ("0", "auto:suffix")}, summary) == {}

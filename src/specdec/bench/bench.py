@@ -196,11 +196,33 @@ def run_bench(decoder, prompts: list, modes: dict, max_new_tokens: int, temperat
                 if rep == 0 or getattr(peer, "repeats", False):
                     runs += [{**run, "repeat": rep, "rss_mib": run.get("rss_mib") or current_rss_mib()}
                              for run in peer(item)]
+    summary = summarize(runs, costs_by_context, temperature)
     return {"costs": _costs_dict(costs),
             "costs_by_context": {str(ctx): _costs_dict(c) for ctx, c in costs_by_context.items()},
             "max_new_tokens": max_new_tokens, "temperature": temperature, "repeat": repeat,
-            "modes": modes, "runs": runs, "peak_rss_mib": peak_rss_mib(),
-            "summary": summarize(runs, costs_by_context, temperature), "spread": repeat_spread(runs)}
+            "modes": modes, "runs": runs, "peak_rss_mib": peak_rss_mib(), "summary": summary,
+            "spread": repeat_spread(runs), "default_against_others": default_against_others(modes, summary)}
+
+
+DEFAULT_MODE = {"num_draft_tokens": "auto"}  # the default configuration: auto lengths, the default proposer
+
+
+def default_against_others(modes: dict, summary: list) -> dict:
+    """kind -> {"ratio": the default mode's decode rate over the best other specdec mode's of the run, "best": that
+    mode}; {} unless ``modes`` holds the default (``DEFAULT_MODE``) and another mode. Peers (llama.cpp, OpenVINO)
+    are not among the others: the ratio says what the default's per-round choice lost (below 1) or gained (above)
+    against running one of this library's modes throughout."""
+    default = next((str(label) for label, options in modes.items() if options == DEFAULT_MODE), None)
+    others = [str(label) for label in modes if str(label) != default]
+    if default is None or not others:
+        return {}
+    rates = {(row["kind"], row["mode"]): row["tokens_per_s"] for row in summary}
+    result = {}
+    for kind in dict.fromkeys(row["kind"] for row in summary):
+        best_rate, best = max(((rates.get((kind, mode)) or 0.0, mode) for mode in others))
+        if rates.get((kind, default)) and best_rate > 0:
+            result[kind] = {"ratio": rates[(kind, default)] / best_rate, "best": best}
+    return result
 
 
 def repeat_spread(runs: list) -> dict:
@@ -405,6 +427,10 @@ def _cell(value, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _mode_name(mode: str) -> str:
+    return {"0": "target only"}.get(mode, mode if not mode.isdigit() else f"draft g={mode}")
+
+
 def markdown(report: dict) -> str:
     lines = [
         "| kind | mode | tok/s | decode speedup | predicted | predicted (run's passes) | end-to-end speedup | "
@@ -419,7 +445,7 @@ def markdown(report: dict) -> str:
         if row["kind"] == "all" and mode_spread.get("stdev") is not None:
             tok_s = f"{mode_spread['mean']:.2f} ± {mode_spread['stdev']:.2f}"
         identical = f"{row['identical_to_target_only']}/{row['runs']}" if row["identical_to_target_only"] is not None else "-"
-        mode = {"0": "target only"}.get(row["mode"], row["mode"] if not row["mode"].isdigit() else f"draft g={row['mode']}")
+        mode = _mode_name(row["mode"])
         lines.append(
             f"| {row['kind']} | {mode} | {tok_s} | {_cell(row['speedup'], '.2f', 'x')} | "
             f"{_cell(row['predicted_speedup'], '.2f', 'x')} | {_cell(row['predicted_from_run_passes'], '.2f', 'x')} | "
@@ -428,6 +454,11 @@ def markdown(report: dict) -> str:
             f"{_cell(row['tokens_per_target_pass'])} | {_cell(row['prefill_s'], '.1f')} | {_cell(row['draft_s'], '.1f')} | "
             f"{_cell(row['verify_s'], '.1f')} | {_cell(row['host_s'], '.2f')} | {_cell(row['rss_mib'], '.0f')} | {identical} |"
         )
+    against = default_against_others(report.get("modes") or {}, report["summary"])
+    if against:
+        lines.append("")
+        lines.append("The default (auto) against the best other mode of this run, decode tok/s: " + ", ".join(
+            f"{kind} {entry['ratio']:.2f}x ({_mode_name(entry['best'])})" for kind, entry in against.items()) + ".")
     lines.append("")
     lines.append("Decode speedup: decode loop only; end-to-end: prefill included (speculative modes also prefill the "
                  "draft). Predicted: Leviathan et al.'s speedup from the calibrated pass costs and the per-token "

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from specdec.runners.proc_maps import Mapping, libc, read_smaps
+from specdec.runners.proc_maps import Mapping, with_libc
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,8 @@ def enabled() -> bool:
 def _resident_mappings(c_library, mappings: list):
     """(start, [pages] resident flags) of each piece (64 huge pages at most) of the anonymous ``mappings``."""
     c_library.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    mappings = anonymous_mappings(mappings)
     step = 64 * HUGE_PAGE  # asked about in pieces: a byte per page of GiBs would be a buffer of MiBs
-    for start, end in mappings:
+    for start, end in anonymous_mappings(mappings):
         edges = [start, *range((start // step + 1) * step, end, step), end]  # inner edges on huge boundaries
         for begin, stop in zip(edges, edges[1:]):
             length = stop - begin
@@ -116,23 +115,20 @@ def _resident_mappings(c_library, mappings: list):
 def resident_ranges() -> frozenset:
     """Addresses of the 2 MiB ranges of anonymous memory wholly resident now (a tool's ``exclude``: memory that
     existed before a runner was made)."""
-    c_library = libc()
-    mappings = read_smaps() if c_library is not None and hasattr(c_library, "mincore") else None
-    if mappings is None:
+    found = with_libc("mincore")
+    if found is None:
         return frozenset()
-    return frozenset(address + offset for start, resident in _resident_mappings(c_library, mappings)
+    return frozenset(address + offset for start, resident in _resident_mappings(*found)
                      for address, length in resident_runs(start, resident) for offset in range(0, length, HUGE_PAGE))
 
 
 def collapse_resident(exclude: frozenset = frozenset()) -> tuple:
     """Back every wholly resident 2 MiB range of this process's anonymous memory (but the addresses in ``exclude``)
     with a huge page; returns (bytes the kernel collapsed, seconds). (0, 0.0) where it is off or unsupported."""
-    c_library = libc()
-    if not enabled() or c_library is None or not hasattr(c_library, "madvise") or not hasattr(c_library, "mincore"):
+    found = with_libc("madvise", "mincore") if enabled() else None
+    if found is None:
         return 0, 0.0
-    mappings = read_smaps()
-    if mappings is None:
-        return 0, 0.0
+    c_library, mappings = found
     begin = time.perf_counter()
     c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     collapsed, refused = 0, 0

@@ -46,19 +46,29 @@ class Mapping:
 
 def parse_smaps(text: str) -> list:
     """Every mapping of an smaps (or maps) text, in order, as ``Mapping`` records."""
-    found = []  # [header fields, counters, flags] per mapping
+    found = []  # (header fields, the fields after the header: counters and VmFlags) per mapping
     for line in text.splitlines():
         head = _HEADER.match(line)
         if head:
             start, end, perms, offset, inode, path = head.groups()
-            found.append(([int(start, 16), int(end, 16), perms, int(offset, 16), int(inode), path.strip()], {}, ()))
-        elif found:
-            field = line.split(maxsplit=1)[0] if line.strip() else ""
+            found.append(((int(start, 16), int(end, 16), perms, int(offset, 16), int(inode), path.strip()), {}))
+        elif found and line.strip():
+            field, *values = line.split()
             if field in _COUNTERS:
-                found[-1][1][_COUNTERS[field]] = int(line.split()[1])
+                found[-1][1][_COUNTERS[field]] = int(values[0])
             elif field == "VmFlags:":
-                found[-1] = (found[-1][0], found[-1][1], tuple(line.split()[1:]))
-    return [Mapping(*fields, **counters, vm_flags=flags) for fields, counters, flags in found]
+                found[-1][1]["vm_flags"] = tuple(values)
+    return [Mapping(*header, **fields) for header, fields in found]
+
+
+def with_libc(*calls: str) -> tuple | None:
+    """(the C library, this process's mappings now) where the library has every one of ``calls`` (``"madvise"``,
+    ``"mincore"``) and the platform has ``/proc/self/smaps``; None otherwise."""
+    c_library = libc()
+    if c_library is None or not all(hasattr(c_library, call) for call in calls):
+        return None
+    mappings = read_smaps()
+    return None if mappings is None else (c_library, mappings)
 
 
 def read_smaps() -> list | None:

@@ -37,7 +37,7 @@ import logging
 import os
 from pathlib import Path
 
-from specdec.runners.proc_maps import libc, read_smaps
+from specdec.runners.proc_maps import libc, with_libc
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,10 @@ _MADV_PAGEOUT = 21
 def _bundle_mappings(root: str | Path):
     """(``madvise(address, length, advice)``, the ``Mapping`` records of files under ``root``), or None where the
     platform lacks /proc/self/smaps or madvise."""
-    c_library = libc()
-    mappings = read_smaps() if c_library is not None and hasattr(c_library, "madvise") else None
-    if mappings is None:
+    found = with_libc("madvise")
+    if found is None:
         return None
+    c_library, mappings = found
     c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     inside = str(Path(root).resolve()) + os.sep
     return c_library.madvise, [mapping for mapping in mappings if mapping.path.startswith(inside)]

@@ -48,3 +48,14 @@ def test_load_returns_with_the_target_open_and_the_draft_opening(tiny_bundle):
     assert decoder.target.sessions.is_open
     decoder.draft_sessions.get()  # waits for the background open if it is still under way
     assert decoder.draft_sessions.is_open and decoder.draft_sessions.opens == 1
+
+
+def test_weights_mapped_by_specdec_give_the_logits_of_onnxruntimes_own_loading(tiny_bundle, monkeypatch):
+    """runners/mapped_weights.py hands onnxruntime every weight over specdec's own mapping (its pages dropped while
+    the session is made): both models' logits bit for bit as onnxruntime's own loading gives them. Measured on the
+    real pair too (both target forms and the draft, a prefill and a one-token pass: equal)."""
+    mapped = _logits(tiny_bundle, "1", monkeypatch)
+    monkeypatch.setenv("SPECDEC_MAP_WEIGHTS", "0")
+    own = _logits(tiny_bundle, "1", monkeypatch)
+    for role in ("target", "draft"):
+        assert np.array_equal(mapped[role], own[role]), role

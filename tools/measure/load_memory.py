@@ -1,11 +1,11 @@
 """Resident memory of a loaded bundle, and of its target at depth: what `specdec serve` holds before and during a long prompt.
 
 usage: python tools/measure/load_memory.py BUNDLE [--max-context 32768] [--depth 26600] [--threads 2]
-                                   [--keep-pages] [--keep-cache-pages] [--numpy-cache] [--passes N]
+                                   [--weight-form nbits|int8] [--keep-pages] [--keep-cache-pages] [--numpy-cache] [--passes N]
                                    [--calibrate] [--prefill FILE] [--read-around]
 
 Loads the bundle as the server does (``SpeculativeDecoder.load``) and prints the process's resident memory
-(VmRSS, anonymous, file-backed) after the load; with ``--depth``, the target's cache is then filled with that many
+(VmRSS, anonymous, file-backed, and the peak so far: VmHWM) after the load; with ``--depth``, the target's cache is then filled with that many
 random rows (``runners.runner.fill_random``) and one 64-token prefill chunk, one decode step and one 5-token
 verify pass run at that depth, and the memory is printed again. For A/Bs of what the runtime gives back:
 ``--keep-pages`` skips ``runners/resident.release_after_load`` (the weight files' read-once pages, single-page
@@ -18,7 +18,8 @@ giving back memory costs no speed. ``--prefill FILE`` instead prefills the targe
 request's prompt (the embedding gathers one row per token: the single-page reads of ``--keep-pages``' A/B), and
 prints the memory and the seconds; ``--read-around`` keeps the kernel's read-around and fault-around on the mapped
 weight files (skips ``runners/resident.read_rows_singly``; warm the page cache first, as an export or a verified load
-does: ``cat BUNDLE/*/model.onnx.data > /dev/null``).
+does: ``cat BUNDLE/*/model.onnx.data > /dev/null``). ``SPECDEC_MAP_WEIGHTS=0`` in the environment lets onnxruntime
+map the weight files itself (``runners/mapped_weights.py``'s A/B: the load's peak).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ import numpy as np
 
 def resident() -> str:
     status = Path("/proc/self/status").read_text()
-    mib = {key: int(re.search(key + r":\s+(\d+)", status).group(1)) // 1024 for key in ("VmRSS", "RssAnon", "RssFile")}
-    return f"{mib['VmRSS']} MiB resident ({mib['RssAnon']} anonymous, {mib['RssFile']} file-backed)"
+    mib = {key: int(re.search(key + r":\s+(\d+)", status).group(1)) // 1024
+           for key in ("VmRSS", "RssAnon", "RssFile", "VmHWM")}
+    return (f"{mib['VmRSS']} MiB resident ({mib['RssAnon']} anonymous, {mib['RssFile']} file-backed; "
+            f"peak {mib['VmHWM']} MiB)")
 
 
 def main() -> int:
@@ -52,6 +55,7 @@ def main() -> int:
     parser.add_argument("--calibrate", action="store_true")
     parser.add_argument("--prefill", type=Path, default=None, metavar="FILE")
     parser.add_argument("--read-around", action="store_true")
+    parser.add_argument("--weight-form", choices=("nbits", "int8"), default=None)
     args = parser.parse_args()
     if not Path("/proc/self/status").exists():
         print("needs Linux's /proc/self/status", file=sys.stderr)
@@ -67,14 +71,17 @@ def main() -> int:
     if args.read_around:
         import specdec.runners.resident as resident_module
 
+        import specdec.runners.mapped_weights as mapped_module
+
         resident_module.read_rows_singly = lambda root: 0
+        mapped_module.MappedWeights.read_rows_singly = lambda self: 0
     if args.keep_cache_pages:
         Runner.release_cache = Runner.reset
     if args.numpy_cache:
         for module in (folded, fused, kv_store):
             module.cache_zeros = lambda shape, dtype: np.zeros(shape, dtype)
     decoder = decoder_module.SpeculativeDecoder.load(args.bundle, threads=args.threads, max_context=args.max_context,
-                                                     verify=False)
+                                                     verify=False, weight_form=args.weight_form)
     if decoder.draft_opening is not None:  # the draft's session, and the pages released after it
         decoder.draft_opening.join()
     print(f"loaded (max_context {args.max_context}): {resident()}", flush=True)

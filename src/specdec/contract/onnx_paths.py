@@ -5,9 +5,14 @@ a symlink). The runtime reads the locations straight from the protobuf wire form
 checks them before onnxruntime opens anything. Only the messages that can hold tensors
 are walked: ModelProto.graph -> GraphProto.{initializer, sparse_initializer, node} ->
 NodeProto.attribute -> AttributeProto.{t, tensors, g, graphs}.
+
+``external_tensors`` reads where each of the top graph's external initializers lies (name, type, shape, file,
+offset, length), for ``runners/mapped_weights.py`` to map the weights itself.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # field numbers from onnx.proto
 _MODEL_GRAPH = 7
@@ -102,3 +107,95 @@ def external_data_locations(model: bytes) -> set:
         if field == _MODEL_GRAPH:
             _graph_locations(value, found)
     return found
+
+
+# ---------------------------------------------------------------- the top graph's external tensors, for mapping
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_DATA_LOCATION = 1, 2, 8, 14
+_NODE_INPUT, _NODE_OP_TYPE = 1, 4
+_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+
+
+@dataclass(frozen=True)
+class ExternalTensor:
+    """One initializer of the top graph held in an external-data file: where its bytes are and how to read them."""
+
+    name: str
+    data_type: int  # TensorProto.DataType
+    dims: tuple
+    location: str  # relative to the model's folder (checked by contract/bundle.py before any load)
+    offset: int
+    length: int
+
+
+def _scalars(data: bytes):
+    """Yield (field number, wire type, value) of every field: an int for varints, bytes for length-delimited."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            if pos + length > len(data):
+                raise ProtobufError("truncated field")
+            value, pos = data[pos : pos + length], pos + length
+        elif wire in (1, 5):
+            value, pos = None, pos + (8 if wire == 1 else 4)
+        else:
+            raise ProtobufError(f"unsupported wire type {wire}")
+        if pos > len(data):
+            raise ProtobufError("truncated message")
+        yield field, wire, value
+
+
+def _packed_varints(data: bytes) -> list:
+    values, pos = [], 0
+    while pos < len(data):
+        value, pos = _varint(data, pos)
+        values.append(value)
+    return values
+
+
+def _external_tensor(tensor: bytes) -> ExternalTensor | None:
+    dims, data_type, name, location, entries = [], 0, "", 0, {}
+    for field, wire, value in _scalars(tensor):
+        if field == _TENSOR_DIMS:
+            dims += _packed_varints(value) if wire == 2 else [value]
+        elif field == _TENSOR_DATA_TYPE and wire == 0:
+            data_type = value
+        elif field == _TENSOR_NAME and wire == 2:
+            name = value.decode("utf-8")
+        elif field == _TENSOR_DATA_LOCATION and wire == 0:
+            location = value
+        elif field == _TENSOR_EXTERNAL_DATA and wire == 2:
+            entry = dict(_fields(value))
+            entries[entry.get(_ENTRY_KEY, b"").decode("utf-8", "replace")] = entry.get(_ENTRY_VALUE, b"").decode(
+                "utf-8", "replace")
+    if location != _EXTERNAL or "location" not in entries or "length" not in entries:
+        return None
+    try:
+        return ExternalTensor(name, data_type, tuple(dims), entries["location"], int(entries.get("offset", "0")),
+                              int(entries["length"]))
+    except ValueError:
+        raise ProtobufError(f"initializer {name}: offset/length are not integers") from None
+
+
+def external_tensors(model: bytes) -> tuple[list, set]:
+    """(the top graph's external-data initializers as ``ExternalTensor`` records, the names of initializers a
+    Gather or GatherBlockQuantized node reads rows of) from a serialized ModelProto."""
+    tensors, gathered = [], set()
+    for field, value in _fields(model):
+        if field != _MODEL_GRAPH:
+            continue
+        for graph_field, item in _fields(value):
+            if graph_field == _GRAPH_INITIALIZER:
+                tensor = _external_tensor(item)
+                if tensor is not None:
+                    tensors.append(tensor)
+            elif graph_field == _GRAPH_NODE:
+                parts = list(_fields(item))
+                op_type = next((v for f, v in parts if f == _NODE_OP_TYPE), b"")
+                if op_type in (b"Gather", b"GatherBlockQuantized"):
+                    gathered.update(v.decode("utf-8") for f, v in parts if f == _NODE_INPUT)
+    return tensors, gathered

@@ -37,6 +37,7 @@ import logging
 import os
 from pathlib import Path
 
+from specdec.runners.mapped_weights import mapped_paths, release_mapped
 from specdec.runners.proc_maps import libc, with_libc
 
 log = logging.getLogger(__name__)
@@ -50,15 +51,18 @@ _MADV_PAGEOUT = 21
 
 
 def _bundle_mappings(root: str | Path):
-    """(``madvise(address, length, advice)``, the ``Mapping`` records of files under ``root``), or None where the
-    platform lacks /proc/self/smaps or madvise."""
+    """(``madvise(address, length, advice)``, the ``Mapping`` records of files under ``root`` that onnxruntime mapped),
+    or None where the platform lacks /proc/self/smaps or madvise. Files specdec maps itself (mapped_weights.py) are
+    left out: their owner releases them."""
     found = with_libc("madvise")
     if found is None:
         return None
     c_library, mappings = found
     c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     inside = str(Path(root).resolve()) + os.sep
-    return c_library.madvise, [mapping for mapping in mappings if mapping.path.startswith(inside)]
+    own = {str(Path(path).resolve()) for path in mapped_paths()}
+    return c_library.madvise, [mapping for mapping in mappings if mapping.path.startswith(inside)
+                               and mapping.path not in own]
 
 
 def release_read_once_pages(root: str | Path) -> int:
@@ -118,10 +122,13 @@ def trim_heap() -> bool:
 
 
 def release_after_load(root: str | Path) -> None:
-    """All of the above, once a bundle's sessions are made and checked (before any request runs)."""
+    """All of the above, once a bundle's sessions are made and checked (before any request runs), and the same for the
+    weight files specdec mapped itself (mapped_weights.py)."""
+    own_files, own_tables = release_mapped(root)
     released = release_read_once_pages(root)
-    singly = read_rows_singly(root)
+    singly = read_rows_singly(root) + own_tables
     trimmed = trim_heap()
-    log.info("after load: %d MiB of weight-file pages no pass reads released%s%s", released >> 20,
-             f"; later reads of {singly} mapped files fault single pages" if singly else "",
+    log.info("after load: %d MiB of weight-file pages no pass reads released%s%s%s", released >> 20,
+             f"; the pages of {own_files} weight files specdec maps dropped" if own_files else "",
+             f"; later reads of {singly} mapped files or tables fault single pages" if singly else "",
              "; free heap trimmed" if trimmed else "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.runners import mapped_weights
 from specdec.runners.backends import backend
 from specdec.runners.kv_store import DeviceKV, HostKV
 from specdec.contract.manifest import BundleError, ModelSpec, check_graph
@@ -110,9 +111,16 @@ def session_options(threads: int | None = None):
 
 
 def _session(onnx_path: str, providers: list, threads: int | None):
+    """A session of ``onnx_path``; on the CPU provider over weights specdec maps itself (mapped_weights.py: a load's
+    peak memory is the packed weights, not the packed weights and the whole file)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(onnx_path, session_options(threads), providers=providers)
+    options = session_options(threads)
+    if providers != ["CPUExecutionProvider"] or not mapped_weights.enabled():
+        return ort.InferenceSession(onnx_path, options, providers=providers)
+    weights = mapped_weights.MappedWeights(onnx_path)
+    weights.add_to(options)
+    return weights.make_session(lambda: ort.InferenceSession(onnx_path, options, providers=providers))
 
 
 class ModelRunner(SessionRunner, Runner):

@@ -37,7 +37,7 @@ import logging
 import os
 from pathlib import Path
 
-from specdec.runners.mapped_weights import mapped_paths, release_mapped
+from specdec.runners.mapped_weights import mapped_ranges, release_mapped
 from specdec.runners.proc_maps import libc, with_libc
 
 log = logging.getLogger(__name__)
@@ -52,17 +52,17 @@ _MADV_PAGEOUT = 21
 
 def _bundle_mappings(root: str | Path):
     """(``madvise(address, length, advice)``, the ``Mapping`` records of files under ``root`` that onnxruntime mapped),
-    or None where the platform lacks /proc/self/smaps or madvise. Files specdec maps itself (mapped_weights.py) are
-    left out: their owner releases them."""
+    or None where the platform lacks /proc/self/smaps or madvise. The mappings specdec made itself (mapped_weights.py)
+    are left out: their owner releases them."""
     found = with_libc("madvise")
     if found is None:
         return None
     c_library, mappings = found
     c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     inside = str(Path(root).resolve()) + os.sep
-    own = {str(Path(path).resolve()) for path in mapped_paths()}
+    own = mapped_ranges()
     return c_library.madvise, [mapping for mapping in mappings if mapping.path.startswith(inside)
-                               and mapping.path not in own]
+                               and not any(start < mapping.end and mapping.start < end for start, end in own)]
 
 
 def release_read_once_pages(root: str | Path) -> int:

@@ -127,3 +127,49 @@ def test_a_load_moves_its_memory_once_its_sessions_are_made(tiny_bundle, monkeyp
         loaded.draft_opening.join()
     assert calls == [True]
     assert ('"pages": "2 MiB"' in loaded._calibration_key) == huge_pages.enabled()
+
+
+def _background_collapse(monkeypatch, pieces: int) -> list:
+    """collapse_in_background over a stand-in collapse of ``pieces`` pieces: returns the list it appends to."""
+    done: list = []
+
+    def collapse(exclude=frozenset(), before_piece=None):
+        for piece in range(pieces):
+            before_piece()
+            done.append(piece)
+        return 0, 0.0
+
+    monkeypatch.setattr(huge_pages, "collapse_resident", collapse)
+    huge_pages.settle()  # nothing of an earlier test still running
+    return done
+
+
+def test_the_background_collapse_waits_while_a_request_runs_and_settle_never_waits_for_a_request(monkeypatch):
+    """A request that starts first holds the copy back at its first piece until it ends; a settle inside a request
+    (a first ``auto`` request's calibration) lets the copy finish instead of waiting forever. Planted: a gate that
+    does not wait lets the pieces run beside the request."""
+    import threading
+    import time
+
+    done = _background_collapse(monkeypatch, pieces=3)
+    with huge_pages.requests_running():
+        huge_pages.collapse_in_background()
+        time.sleep(0.2)
+        assert done == []  # held back while the request runs
+    huge_pages.settle()
+    assert done == [0, 1, 2]
+
+    done = _background_collapse(monkeypatch, pieces=2)
+    with huge_pages.requests_running():
+        huge_pages.collapse_in_background()
+        settling = threading.Thread(target=huge_pages.settle, daemon=True)
+        settling.start()
+        settling.join(timeout=5)
+        assert not settling.is_alive() and done == [0, 1]  # settled inside the request
+
+    done = _background_collapse(monkeypatch, pieces=2)
+    monkeypatch.setattr(huge_pages, "_wait_while_requests_run", lambda: None)  # planted: no gate
+    with huge_pages.requests_running():
+        huge_pages.collapse_in_background()
+        time.sleep(0.2)
+        assert done == [0, 1]  # what the first check above would have seen with this gate: it fails there

@@ -1,10 +1,10 @@
-"""Profile a bundle's graphs: node counts by op type, per-op-type time of a decode and a T=5 pass, the
+"""Profile a bundle's graphs: node counts by op type, per-op-type time of a decode and a T=5 pass (``--widths``), the
 cost of one pass at two context lengths (does a pass's cost grow with the context?), and the weight products
 alone (every MatMulNBits / MatMulInteger of the graph, same weights, one token): what the rest of a one-token
 pass costs is the difference, measured without the profiler (whose per-node cost inflates small ops).
 
     python tools/measure/graph_profile.py BUNDLE [--role target] [--weight-form nbits|int8] [--contexts 256,1500]
-        [--repeats 20] [--threads N]
+        [--widths 1,5] [--repeats 20] [--threads N]
 
 Works on both graph forms (standard and fused) through the runtime's own runner (make_runner).
 Times are wall-clock on this machine: compare ratios between forms measured the same way, not
@@ -53,17 +53,21 @@ def _fill(runner, length: int, rng) -> None:
         runner.commit(len(chunk))
 
 
+PREFILL_FROM = 17  # passes this wide or wider are timed as prefill chunks: logits of the last row only (as catch_up)
+
+
 def pass_seconds(runner, length: int, count: int, repeats: int, rng) -> tuple[float, float]:
     """(median, fastest) seconds of one pass of ``count`` new tokens after ``length`` valid slots (never committed).
     On a loaded machine the fastest run is the better estimate of the cost itself."""
     _fill(runner, length, rng)
     tokens = rng.integers(3, runner.spec.vocab_size, size=count)
     positions = np.arange(length, length + count)
-    runner.forward(tokens, positions)  # warm-up
+    last = count >= PREFILL_FROM
+    runner.forward(tokens, positions, last_logits_only=last)  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        runner.forward(tokens, positions)
+        runner.forward(tokens, positions, last_logits_only=last)
         times.append(time.perf_counter() - start)
     return statistics.median(times), min(times)
 
@@ -164,7 +168,8 @@ def op_profile(onnx_path: Path, filled, threads, count: int, repeats: int, rng) 
         runner.length = filled.length
         tokens = rng.integers(3, filled.spec.vocab_size, size=count)
         for _ in range(repeats + 1):
-            runner.forward(tokens, np.arange(filled.length, filled.length + count))
+            runner.forward(tokens, np.arange(filled.length, filled.length + count),
+                           last_logits_only=count >= PREFILL_FROM)
         events = json.loads(Path(session.end_profiling()).read_text())
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]  # skip warm-up
     per_run = [collections.Counter() for _ in runs]
@@ -186,6 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--weight-form", default=None, help="which of the model's weight forms (default: the first)")
+    parser.add_argument("--widths", default="1,5", help="pass widths profiled and timed, up to 64 (a prefill chunk)")
     args = parser.parse_args(argv)
     try:
         from specdec.runners.factory import make_runner
@@ -197,8 +203,11 @@ def main(argv=None) -> int:
         if spec is None:
             raise ValueError(f"the bundle has no {args.role}")
         contexts = [int(c) for c in args.contexts.split(",")]
-        if max(contexts) + 5 > spec.max_positions or min(contexts) < 1:
-            raise ValueError(f"--contexts must be in 1..{spec.max_positions - 5} for this model")
+        widths = [int(w) for w in args.widths.split(",")]
+        if not widths or min(widths) < 1 or max(widths) > 64:
+            raise ValueError("--widths must be in 1..64")
+        if max(contexts) + max(widths) > spec.max_positions or min(contexts) < 1:
+            raise ValueError(f"--contexts must be in 1..{spec.max_positions - max(widths)} for this model")
         forms = dict(spec.weight_forms) or {None: spec.onnx_file}
         if args.weight_form is not None and args.weight_form not in forms:
             raise ValueError(f"--weight-form: the {args.role} has {', '.join(map(str, forms))}")
@@ -216,12 +225,12 @@ def main(argv=None) -> int:
     runner = make_runner(str(onnx_path), spec, "cpu", max(contexts) + 64, 64, args.threads)
     collapse_resident()  # its weights on 2 MiB pages, as a load leaves them (runners/huge_pages.py)
     _fill(runner, contexts[0], rng)
-    for count in (1, 5):
+    for count in widths:
         profile = op_profile(onnx_path, runner, args.threads, count, args.repeats, rng)
         total = sum(profile.values())
         print(f"per-op-type time, T={count} at context {contexts[0]} (us per pass, {total:.0f} us in kernels):")
         print("  " + ", ".join(f"{op} {us:.0f} ({100 * us / total:.0f}%)" for op, us in profile.items()))
-    for count in (1, 5):
+    for count in widths:
         cells = []
         for length in contexts:
             median, fastest = pass_seconds(runner, length, count, args.repeats, rng)

@@ -50,7 +50,7 @@ from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, S
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.text.codec import TextCodec
 from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
-from specdec.runners.huge_pages import collapse_in_background, settle
+from specdec.runners.huge_pages import collapse_in_background, requests_running, settle
 from specdec.runners.huge_pages import enabled as huge_pages_enabled
 from specdec.runners.resident import release_after_load, trim_heap
 from specdec.runners.row_parity import DEEP, WIDTHS, exact_width, row_gaps
@@ -468,6 +468,7 @@ class SpeculativeDecoder:
 
     def _pieces(self, state: RequestState, on_prefill=None) -> Iterator[str]:
         with self._exclusive(), ExitStack() as holds:
+            holds.enter_context(requests_running())  # the background move to 2 MiB pages waits meanwhile
             request, stats = state.request, state.stats
             proposer = None
 

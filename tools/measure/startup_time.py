@@ -3,17 +3,21 @@ GGUF, quiet or beside a process that keeps ``--load`` cores busy (a duty-cycled 
 runner beside the server would).
 
     python tools/measure/startup_time.py BUNDLE [--llama-server BIN --gguf FILE] [--starts 3] [--load 0.5] [--fresh-cache]
-        [--checkout DIR ...]
+        [--checkout DIR ...] [--first-request TRACE [--delay S]]
 
 ``--fresh-cache`` points SPECDEC_CACHE at an empty folder for the first start (what a first start on a new machine
 measures and stores), then keeps it for the later starts. ``--checkout DIR`` (repeatable) also starts specdec from
 another source tree (``DIR/src`` first on PYTHONPATH, e.g. a ``git worktree`` of an earlier commit), each start
-of every arm in turn, the order reversed every other start. Every server binds 127.0.0.1.
+of every arm in turn, the order reversed every other start. ``--first-request TRACE`` (a ``make_traces.py`` trace)
+also sends its first request to each server ``--delay`` seconds after /health answers (streamed, greedy, its
+``max_tokens``) and prints the seconds to its first streamed text: a user's first turn after starting the server, with
+whatever the server still does after a load. Every server binds 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import socket
@@ -40,7 +44,31 @@ def _spin(share: float, stop) -> None:
         time.sleep(period * (1 - share))
 
 
-def time_to_health(argv: list, env: dict, port: int, limit: float = 300.0) -> float:
+def first_token_seconds(port: int, request: dict, limit: float = 600.0) -> float:
+    """Seconds from sending ``request`` (a trace's first: chat messages or a completion prompt) to its first text."""
+    chat = request.get("route", "chat") == "chat"
+    body = {"model": "served", "max_tokens": request.get("max_tokens", 128), "stream": True, "temperature": 0}
+    if chat:
+        body["messages"] = [{"role": "user", "content": request["user"]}]
+    else:
+        body["prompt"] = request["prompt"]
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    sent = time.perf_counter()
+    call = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                  {"Content-Type": "application/json"})
+    with urllib.request.urlopen(call, timeout=limit) as answer:
+        for line in answer:
+            if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                continue
+            choice = json.loads(line[5:])["choices"][0]
+            if (choice.get("delta") or {}).get("content") or choice.get("text"):
+                return time.perf_counter() - sent
+    raise SystemExit("the first request streamed no text")
+
+
+def time_to_health(argv: list, env: dict, port: int, limit: float = 300.0, then=None):
+    """Seconds to the first 200 on /health; with ``then`` (port -> value), (those seconds, its value) before the
+    server is stopped."""
     started = time.perf_counter()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -50,7 +78,8 @@ def time_to_health(argv: list, env: dict, port: int, limit: float = 300.0) -> fl
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
                     if answer.status == 200:
-                        return time.perf_counter() - started
+                        ready = time.perf_counter() - started
+                        return ready if then is None else (ready, then(port))
             except OSError:
                 pass
             time.sleep(0.02)
@@ -72,7 +101,21 @@ def main(argv=None) -> int:
     parser.add_argument("--load", type=float, default=0.0, help="cores kept busy beside the servers (0: quiet)")
     parser.add_argument("--fresh-cache", action="store_true", help="an empty SPECDEC_CACHE for the first start")
     parser.add_argument("--checkout", action="append", default=[], help="another source tree to start specdec from")
+    parser.add_argument("--first-request", default=None, metavar="TRACE", help="time the trace's first request too")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds between /health and the first request")
     args = parser.parse_args(argv)
+    then = None
+    if args.first_request:
+        with open(args.first_request, encoding="utf-8") as trace:
+            request = json.load(trace)["requests"][0]
+
+        def then(port):
+            time.sleep(args.delay)
+            return first_token_seconds(port, request)
+
+    def cell(name, timed):
+        return f" {name} {timed:.2f} s" if then is None else f" {name} {timed[0]:.2f} s (first token {timed[1]:.2f} s)"
+
     env = dict(os.environ)
     if args.fresh_cache:
         env["SPECDEC_CACHE"] = tempfile.mkdtemp(prefix="specdec-cache-")
@@ -89,15 +132,15 @@ def main(argv=None) -> int:
             line = f"start {start + 1}:"
             for name, arm_env in arms if start % 2 == 0 else arms[::-1]:
                 port = _free_port()
-                seconds = time_to_health([sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--port",
-                                          str(port), "--host", "127.0.0.1"], arm_env, port)
-                line += f" {name} {seconds:.2f} s,"
+                timed = time_to_health([sys.executable, "-m", "specdec.cli.main", "serve", args.bundle, "--port",
+                                        str(port), "--host", "127.0.0.1"], arm_env, port, then=then)
+                line += cell(name, timed) + ","
             line = line.rstrip(",")
             if args.llama_server:
                 port = _free_port()
                 llama = time_to_health([args.llama_server, "-m", args.gguf, "--port", str(port), "--host",
-                                        "127.0.0.1", "-c", "32768"], env, port)
-                line += f", llama-server {llama:.2f} s"
+                                        "127.0.0.1", "-c", "32768"], env, port, then=then)
+                line += "," + cell("llama-server", llama)
             print(line + f" (load beside: {args.load} cores)", flush=True)
     finally:
         stop.set()

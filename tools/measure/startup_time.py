@@ -2,8 +2,8 @@
 GGUF, quiet or beside a process that keeps ``--load`` cores busy (a duty-cycled spin loop, as an editor or a test
 runner beside the server would).
 
-    python tools/measure/startup_time.py BUNDLE [--llama-server BIN --gguf FILE] [--starts 3] [--load 0.5] [--fresh-cache]
-        [--checkout DIR ...] [--first-request TRACE [--delay S]]
+    python tools/measure/startup_time.py BUNDLE [--llama-server BIN --gguf FILE] [--starts 3] [--load 0.5]
+        [--fresh-cache] [--checkout DIR ...] [--first-request TRACE [--delay S]]
 
 ``--fresh-cache`` points SPECDEC_CACHE at an empty folder for the first start (what a first start on a new machine
 measures and stores), then keeps it for the later starts. ``--checkout DIR`` (repeatable) also starts specdec from

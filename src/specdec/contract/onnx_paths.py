@@ -45,26 +45,9 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def _fields(data: bytes):
     """Yield (field number, value) for length-delimited fields; other wire types are skipped."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, pos = _varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            if pos + length > len(data):
-                raise ProtobufError("truncated field")
-            yield field, data[pos : pos + length]
-            pos += length
-        else:
-            raise ProtobufError(f"unsupported wire type {wire}")
-        if pos > len(data):
-            raise ProtobufError("truncated message")
+    for field, wire, value in _scalars(data):
+        if wire == 2:
+            yield field, value
 
 
 def _tensor_locations(tensor: bytes, found: set) -> None:

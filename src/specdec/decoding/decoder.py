@@ -288,6 +288,8 @@ class SpeculativeDecoder:
 
     def _calibrate(self, stop=None) -> tuple:
         """(costs measured now on this decoder's runners, the cores other processes used meanwhile or None)."""
+        if self.draft_opening is not None:  # the draft's session packed on a thread, then the pages released after it
+            self.draft_opening.join()  # beside the timed passes they would time them slow (and stored so)
         settle()  # a pass timed while the weights are being moved to 2 MiB pages would be timed slow
         other = OtherLoad()
         try:

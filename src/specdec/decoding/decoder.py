@@ -249,6 +249,7 @@ class SpeculativeDecoder:
         forked.context_reason = self.context_reason
         forked.closes_draft = self.closes_draft
         forked.chat_template = self.chat_template
+        forked.draft_opening = self.draft_opening  # the same draft session: its calibration waits for that open too
         return forked
 
     def wrap_target(self, wrap) -> None:

@@ -35,7 +35,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from specdec.runners.proc_maps import Mapping, with_libc
+from specdec.runners.proc_maps import PAGE as _PAGE
+from specdec.runners.proc_maps import Mapping, madvise, with_libc
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ def _pmd_size() -> int:
 
 
 HUGE_PAGE = _pmd_size()
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MADV_COLLAPSE = 25  # linux/mman.h, Linux 6.1+
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -133,8 +133,8 @@ def collapse_resident(exclude: frozenset = frozenset(), before_piece=None) -> tu
     if found is None:
         return 0, 0.0
     c_library, mappings = found
+    advise = madvise()
     begin = time.perf_counter()
-    c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     collapsed, refused = 0, 0
     for start, resident in _resident_mappings(c_library, mappings):
         for run, run_length in resident_runs(start, resident, exclude=exclude):
@@ -142,7 +142,7 @@ def collapse_resident(exclude: frozenset = frozenset(), before_piece=None) -> tu
                 length = min(PIECE, run + run_length - address)
                 if before_piece is not None:
                     before_piece()
-                if c_library.madvise(address, length, _MADV_COLLAPSE) == 0:
+                if advise(address, length, _MADV_COLLAPSE) == 0:
                     collapsed += length
                 else:  # EINVAL: a kernel before 6.1; EAGAIN / ENOMEM: no free huge page now: left on 4 KiB pages
                     refused = ctypes.get_errno()

@@ -8,12 +8,13 @@ then let go at once. Measured (2-core Zen 5, onnxruntime 1.32, the real 1.5B tar
 a user's memory monitor (and ``specdec bench``'s peak RSS) shows.
 
 Here the process maps each data file itself (read-only, shared), gives onnxruntime every external initializer of
-the top graph of 1 MiB or more as an ``OrtValue`` over the mapping (``SessionOptions.add_initializer``: onnxruntime reads it in place,
-never copies it), and while the session is made a thread drops the mapped pages every ``DROP_SECONDS``
-(``madvise(MADV_DONTNEED)``). A page read again afterwards faults the same bytes back from the page cache, so no
-byte onnxruntime reads can change: the mapping is read-only (nothing can have written a page) and is the process's
-own for the session's whole life (its addresses cannot be reused by another mapping meanwhile, which is why this
-is not done to onnxruntime's own mappings). The file's pages stay in the page cache for the next load.
+the top graph of 1 MiB or more as an ``OrtValue`` over the mapping (``SessionOptions.add_initializer``: onnxruntime
+reads it in place, never copies it), and while the session is made a thread drops the mapped pages every
+``DROP_SECONDS`` (``madvise(MADV_DONTNEED)``). A page read again afterwards faults the same bytes back from the
+page cache, so no byte onnxruntime reads can change: the mapping is read-only (nothing can have written a page)
+and is the process's own for the session's whole life (its addresses cannot be reused by another mapping
+meanwhile, which is why this is not done to onnxruntime's own mappings). The file's pages stay in the page cache
+for the next load.
 
 After the load (``release_after_load``) every mapped page is dropped again, and the tables a pass gathers rows of
 (the embedding: initializers a Gather / GatherBlockQuantized node reads) fault single pages (``MADV_RANDOM``, their
@@ -26,7 +27,6 @@ onnxruntime.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.contract.onnx_paths import external_tensors
-from specdec.runners.proc_maps import libc
+from specdec.runners.proc_maps import PAGE, madvise
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ DROP_SECONDS = 0.02  # how often pages are dropped while a session is made (~40 
 # over the file mapping, each on pages of its own, a one-token pass ran 1-6% slower (the weights read are the same)
 MAPPED_MIN_BYTES = 2**20
 _MADV_RANDOM, _MADV_DONTNEED = 1, 4
-_PAGE = 4096
 # TensorProto.DataType -> numpy (the types an initializer can be mapped as)
 _NUMPY = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
           10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
@@ -57,12 +56,26 @@ def enabled() -> bool:
     return os.environ.get("SPECDEC_MAP_WEIGHTS", "1") != "0"
 
 
-def _madvise():
-    c_library = libc()
-    if c_library is None or not hasattr(c_library, "madvise"):
-        return None
-    c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return c_library.madvise
+def read_singly(advise, pieces: list) -> None:
+    """Make later reads of mapped file ranges fault single pages: ``MADV_RANDOM`` on each piece's addresses (no
+    read-around; a hint, harmless on whatever the range holds now) and the page cache's unmapped copy of its file
+    range dropped (no cached neighbours to map around a fault). ``advise``: ``proc_maps.madvise()``; ``pieces``:
+    (address, length, file path, file offset) each."""
+    by_file: dict = {}
+    for address, length, path, offset in pieces:
+        start = address - address % PAGE
+        advise(start, address + length - start, _MADV_RANDOM)
+        by_file.setdefault(path, []).append((offset, length))
+    for path in sorted(by_file):
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except OSError:  # the file went away: the mapping keeps its pages, nothing to drop
+            continue
+        try:
+            for offset, length in by_file[path]:
+                os.posix_fadvise(descriptor, offset, length, os.POSIX_FADV_DONTNEED)  # mapped pages are never dropped
+        finally:
+            os.close(descriptor)
 
 
 class MappedWeights:
@@ -104,16 +117,16 @@ class MappedWeights:
     def drop_pages(self) -> int:
         """Unmap every resident page of the mappings (the bytes stay in the file and the page cache); returns the
         number of mappings the kernel accepted (0 where madvise is missing)."""
-        madvise = _madvise()
-        if madvise is None:
+        advise = madvise()
+        if advise is None:
             return 0
         done = 0
         for mapping in self.files.values():
             if mapping.size == 0:
                 continue
             address = mapping.ctypes.data
-            start = address - address % _PAGE
-            done += madvise(start, address + mapping.size - start, _MADV_DONTNEED) == 0
+            start = address - address % PAGE
+            done += advise(start, address + mapping.size - start, _MADV_DONTNEED) == 0
         return done
 
     def make_session(self, make):
@@ -138,18 +151,11 @@ class MappedWeights:
     def read_rows_singly(self) -> int:
         """The gathered tables fault single pages: ``MADV_RANDOM`` on their ranges and their file ranges' cached
         copies dropped (a gathered row then costs its own pages, not 64-128 KiB around it). Returns the tables."""
-        madvise = _madvise()
-        if madvise is None or not hasattr(os, "posix_fadvise"):
+        advise = madvise()
+        if advise is None or not hasattr(os, "posix_fadvise"):
             return 0
-        for path, offset, length in self.gathered:
-            address = self.files[path].ctypes.data + offset
-            start = address - address % _PAGE
-            madvise(start, address + length - start, _MADV_RANDOM)
-            descriptor = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(descriptor, offset, length, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(descriptor)
+        read_singly(advise, [(self.files[path].ctypes.data + offset, length, path, offset)
+                             for path, offset, length in self.gathered])
         return len(self.gathered)
 
 

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 SMAPS = "/proc/self/smaps"
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # start-end perms offset device inode [path]
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S{4}) ([0-9a-f]+) \S+ (\d+)\s*(.*)$")
 _COUNTERS = {"Rss:": "rss_kb", "Swap:": "swap_kb", "Anonymous:": "anonymous_kb"}
@@ -27,6 +28,15 @@ def libc():
         except OSError:
             _LIBC.append(None)
     return _LIBC[0]
+
+
+def madvise():
+    """The C library's ``madvise(address, length, advice)`` with its argument types set; None where it has none."""
+    c_library = libc()
+    if c_library is None or not hasattr(c_library, "madvise"):
+        return None
+    c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return c_library.madvise
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,11 @@ import logging
 import os
 from pathlib import Path
 
-from specdec.runners.mapped_weights import mapped_ranges, release_mapped
-from specdec.runners.proc_maps import libc, with_libc
+from specdec.runners.mapped_weights import mapped_ranges, read_singly, release_mapped
+from specdec.runners.proc_maps import libc, madvise, with_libc
 
 log = logging.getLogger(__name__)
 
-_MADV_RANDOM = 1  # linux/mman.h
 # mappings at least this big fault single pages: the tables a pass gathers rows of (the 1.5B target's embedding: 111
 # and 2 x 28 MiB). Smaller ones (norms, scales: read whole by every pass) keep read-around, so their first read after
 # the dropped page cache costs a few reads, not one per page (measured: a first 7k-token prefill 1.04x slower)
@@ -57,11 +56,10 @@ def _bundle_mappings(root: str | Path):
     found = with_libc("madvise")
     if found is None:
         return None
-    c_library, mappings = found
-    c_library.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _, mappings = found
     inside = str(Path(root).resolve()) + os.sep
     own = mapped_ranges()
-    return c_library.madvise, [mapping for mapping in mappings if mapping.path.startswith(inside)
+    return madvise(), [mapping for mapping in mappings if mapping.path.startswith(inside)
                                and not any(start < mapping.end and mapping.start < end for start, end in own)]
 
 
@@ -71,12 +69,12 @@ def release_read_once_pages(root: str | Path) -> int:
     found = _bundle_mappings(root)
     if found is None:
         return 0
-    madvise, mappings = found
+    advise, mappings = found
     released = 0
     for mapping in mappings:
         if mapping.rss_kb == 0 or mapping.anonymous_kb or mapping.swap_kb:
             continue
-        if madvise(mapping.start, mapping.end - mapping.start, _MADV_PAGEOUT) == 0:
+        if advise(mapping.start, mapping.end - mapping.start, _MADV_PAGEOUT) == 0:
             released += mapping.rss_kb * 1024
         else:
             log.debug("madvise(%s, MADV_PAGEOUT) refused: errno %d", mapping.path, ctypes.get_errno())
@@ -92,25 +90,11 @@ def read_rows_singly(root: str | Path) -> int:
     found = _bundle_mappings(root) if hasattr(os, "posix_fadvise") else None
     if found is None:
         return 0
-    madvise, mappings = found
-    ranges: dict = {}  # path -> [(file offset, length)] of its sparse mappings
-    for mapping in mappings:
-        length = mapping.end - mapping.start
-        if length >= SPARSE_MAPPING_BYTES:  # a table a pass gathers rows of; a small tensor is read whole
-            madvise(mapping.start, length, _MADV_RANDOM)  # a hint: harmless on whatever the range holds now
-            ranges.setdefault(mapping.path, []).append((mapping.offset, length))
-    files = sorted(ranges)
-    for path in files:
-        try:
-            descriptor = os.open(path, os.O_RDONLY)
-        except OSError:  # the file went away: the mapping keeps its pages, nothing to drop
-            continue
-        try:
-            for offset, length in ranges[path]:
-                os.posix_fadvise(descriptor, offset, length, os.POSIX_FADV_DONTNEED)  # mapped pages are never dropped
-        finally:
-            os.close(descriptor)
-    return len(files)
+    advise, mappings = found
+    # a table a pass gathers rows of; a small tensor is read whole
+    sparse = [(m.start, m.end - m.start, m.path, m.offset) for m in mappings if m.end - m.start >= SPARSE_MAPPING_BYTES]
+    read_singly(advise, sparse)
+    return len({path for _, _, path, _ in sparse})
 
 
 def trim_heap() -> bool:

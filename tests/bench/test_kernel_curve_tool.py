@@ -66,9 +66,9 @@ def test_draft_agreement_scores_every_pairing_on_one_text(tiny_bundle, tmp_path,
 
 
 def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
-    """graph_profile's products-alone graph: every MatMulNBits / MatMulInteger of a graph (an int8 row product's
-    activation typed as its Cast makes it), reading the weights from the model's external data in place; the first
-    product, fed the graph's own input, gives the graph's own intermediate output bit for bit."""
+    """graph_profile's products-alone graph: every MatMulNBits / MatMulIntegerToFloat of a graph (an int8 row
+    product's activation typed as its QuantizeLinear makes it), reading the weights from the model's external data in
+    place; the first product, fed the graph's own input, gives the graph's own intermediate output bit for bit."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -79,8 +79,9 @@ def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
     curve, profile = _tool("kernel_curve"), _tool("graph_profile")
     for name, model in (("nbits", curve.nbits_model(64, 96, 32, 4, 1)), ("int8", curve.int8_rows_model(64, 96, 1))):
         proto = onnx.load_from_string(model)
-        first = next(node for node in proto.graph.node if node.op_type in ("MatMulNBits", "MatMulInteger"))
-        element = onnx.TensorProto.FLOAT if first.op_type == "MatMulNBits" else onnx.TensorProto.INT32
+        first = next(node for node in proto.graph.node
+                     if node.op_type in ("MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat"))
+        element = onnx.TensorProto.FLOAT
         proto.graph.output.append(helper.make_tensor_value_info(first.output[0], element, None))
         folder = tmp_path / name
         folder.mkdir()
@@ -90,7 +91,7 @@ def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
         outputs = run()
         assert count == 2
         assert [out.shape for out in outputs] == [(1, 1, 96), (1, 1, 64)]
-        assert outputs[0].dtype == (np.float32 if name == "nbits" else np.int32)
+        assert outputs[0].dtype == np.float32
         if name == "nbits":  # the first product reads the graph input itself: same feed, same weights
             feed = np.random.default_rng(0).standard_normal((1, 1, 64)).astype(np.float32)
             whole = ort.InferenceSession(str(folder / "model.onnx"), session_options(None),

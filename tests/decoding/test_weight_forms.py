@@ -51,7 +51,7 @@ def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bund
                                                                                               "kv": 0.0}
     ops = {form: {n.op_type for n in onnx.load(two_form_bundle / path, load_external_data=False).graph.node}
            for form, path in manifest.target.weight_forms}
-    assert "MatMulInteger" in ops["int8"] and "MatMulInteger" not in ops["nbits"]
+    assert "MatMulIntegerToFloat" in ops["int8"] and "MatMulIntegerToFloat" not in ops["nbits"]
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     measured = []

@@ -25,7 +25,8 @@ def _session(weight):
     n, k = weight.shape
     graph = helper.make_graph(sink.nodes, "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])], sink.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     from specdec.runners.standard import session_options  # the process's shared thread pool
 
     return (ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]),
@@ -59,8 +60,17 @@ def test_rows_do_not_depend_on_the_pass_width_and_match_the_numpy_rule(monkeypat
         real = int8_rows.row_quantized_matmul
 
         def per_pass(sink, x, q, scale, name, out):
-            original = sink.constant
-            sink.constant = lambda values, dtype=np.int64: original([1, 2] if values == [-1] else values, dtype)
+            original = sink.one
+
+            def one(op, inputs, name=None, domain="", **attributes):
+                peak = original(op, inputs, name=name, domain=domain, **attributes)
+                if op != "ReduceMax":
+                    return peak
+                whole = original("ReduceMax", [peak, sink.constant([1])], name=f"{name}/planted", keepdims=1)
+                return original("Expand", [whole, original("Shape", [peak], name=f"{name}/planted_shape")],
+                                name=f"{name}/planted_rows")  # every row takes the pass's largest peak
+
+            sink.one = one
             return real(sink, x, q, scale, name, out)
 
         monkeypatch.setattr(int8_rows, "row_quantized_matmul", per_pass)
@@ -109,8 +119,8 @@ def test_the_manifest_records_the_products_and_parity_rows_equal_decoding(int8_r
     ops = {role: {node.op_type for node in onnx.load(int8_rows_bundle / getattr(manifest, role).onnx_file,
                                                      load_external_data=False).graph.node}
            for role in ("target", "draft")}
-    assert "MatMulInteger" in ops["target"] and "MatMulNBits" in ops["target"]  # the lm_head keeps int4
-    assert "MatMulInteger" not in ops["draft"]
+    assert "MatMulIntegerToFloat" in ops["target"] and "MatMulNBits" in ops["target"]  # the lm_head keeps int4
+    assert "MatMulIntegerToFloat" not in ops["draft"]
     # the target's rows by construction (the draft's MatMulNBits rows may round per width on some CPUs: --exact-rows)
     report = manifest.extra["parity_max_abs_error"]["target"]["int4"]
     assert report["rows_vs_decode"] == {"logits": 0.0, "kv": 0.0}, report

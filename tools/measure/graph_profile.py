@@ -72,7 +72,7 @@ def pass_seconds(runner, length: int, count: int, repeats: int, rng) -> tuple[fl
     return statistics.median(times), min(times)
 
 
-_PRODUCTS = {"MatMulNBits", "MatMulInteger"}
+_PRODUCTS = {"MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat"}
 _ELEMENT = {1: np.float32, 2: np.uint8, 3: np.int8}  # onnx element types a product's activation takes
 
 
@@ -95,8 +95,11 @@ def products_alone_session(onnx_path: Path, threads):
     nodes, feeds, used = [], {}, []
     for index, node in enumerate(n for n in model.graph.node if n.op_type in _PRODUCTS):
         maker = makers.get(node.input[0])
-        element = next((a.i for a in maker.attribute if a.name == "to"), 1) if maker is not None and \
-            maker.op_type == "Cast" else 1
+        element = 1
+        if maker is not None and maker.op_type == "Cast":
+            element = next((a.i for a in maker.attribute if a.name == "to"), 1)
+        elif maker is not None and maker.op_type == "QuantizeLinear":  # uint8 codes (zero point 128)
+            element = 2
         width = (next(a.i for a in node.attribute if a.name == "K") if node.op_type == "MatMulNBits"
                  else weights[node.input[1]].dims[0])
         inputs = []

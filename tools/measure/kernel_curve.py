@@ -88,10 +88,12 @@ def int8_rows_model(k: int, n: int, layers: int) -> bytes:
 
     rng = np.random.default_rng(0)
     sink = NodeList()
+    sink.node("Unsqueeze", ["x", sink.constant([0])], ["y-1"])  # the exporter's rows: [1, M, K]
     for index, (rows_in, rows_out) in enumerate([(k, n), (n, k)] * layers):
         q, scale = channel_quantized((rng.standard_normal((rows_out, rows_in)) / np.sqrt(rows_in)).astype(np.float32))
-        row_quantized_matmul(sink, f"y{index - 1}" if index else "x", sink.initializer(f"W{index}", q),
+        row_quantized_matmul(sink, f"y{index - 1}", sink.initializer(f"W{index}", q),
                              sink.initializer(f"S{index}", scale), f"p{index}", f"y{index}")
+    sink.node("Squeeze", [f"y{2 * layers - 1}", sink.constant([0])], ["y_rows"])
     return _model(sink.nodes, k, sink.initializers)
 
 

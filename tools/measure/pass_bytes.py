@@ -45,7 +45,7 @@ def pass_bytes(onnx_path: Path) -> dict:
         elif node.op_type in ("Gather", "GatherBlockQuantized") and node.input[0] in sizes:
             gathered += sum(sizes.get(name, 0) for name in node.input if name in sizes and name not in counted)
             counted.update(name for name in node.input if name in sizes)
-        elif node.op_type == "MatMulInteger" and node.input[1] in sizes:
+        elif node.op_type in ("MatMulInteger", "MatMulIntegerToFloat") and node.input[1] in sizes:
             weights += int(np.prod([d for d in next(i.dims for i in model.graph.initializer
                                                     if i.name == node.input[1])]))
     streamed += sum(size for name, size in sizes.items() if name not in counted)

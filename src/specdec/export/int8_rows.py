@@ -1,17 +1,24 @@
 """A decoder layer's projection as an integer product: 7-bit weights per output channel, 8-bit activations per row.
 
 ``--layer-products int8`` (``QuantRecipe.layer_products``) writes each of a layer's projections (packed QKV, the
-output projection, packed gate|up, down) as onnxruntime's ``MatMulInteger`` over weights rounded per output channel
+output projection, packed gate|up, down) as an integer product (MLAS u8 x s8) over weights rounded per output channel
 and activations rounded per token row, then the two scales:
 
     s_row = max|x_row| / 127            (per row: ReduceMax, no row reads another)
-    q_row = round(x_row / s_row) + 128  (uint8, zero point 128)
-    y     = float(q_row @ W_q) * w_scale * s_row
+    q_row = round(x_row / s_row) + 128  (uint8, zero point 128: one QuantizeLinear along the rows)
+    y     = float(q_row @ W_q) * w_scale * s_row   (MatMulIntegerToFloat, then the two scales)
 
-MLAS runs ``MatMulInteger`` u8 x s8 with AMX tiles, VNNI or AVX2 ``vpmaddubsw``, on weights packed once at load.
+MLAS runs the u8 x s8 product with AMX tiles, VNNI or AVX2 ``vpmaddubsw``, on weights packed once at load.
 Where MatMulNBits' int4 kernel is compute-bound from ~8 rows on (a 64-token prefill chunk costs 13.6x one token
 on a Xeon with AMX), the integer product of 64 rows costs about 2.7x one row there, and its weights read 8 bits per
 weight against MatMulNBits' ~6 (4 + a float32 scale and block sum per 32).
+
+The activation codes come from one ``QuantizeLinear`` per row (``round(x / s) + 128``, saturated: the same bits
+as Div, Round, Add and Cast) and the integer product from com.microsoft's ``MatMulIntegerToFloat`` with unit scales
+(``float(acc) * 1``, a Cast in the kernel's output loop); the channel scales stay a Mul: handed to the kernel as B's
+scales per column they made the widest product (gate|up, 17,920 columns) 3% slower at one row and 10% at 64 on
+onnxruntime 1.32. 9 nodes a product instead of 12, a 64-token prefill pass of the 1.5B target 3-6% faster, the
+same bits (benchmarks/results/2026-12-07-int8-chain-zen5).
 
 Rows stay exact in every pass width by construction: each row's scale is its own, the product is integer
 (exact whatever the kernel's tiling), and the scaling is elementwise. Weights keep 7 bits (63 levels either side,
@@ -38,18 +45,29 @@ def channel_quantized(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> tuple[
     return np.ascontiguousarray(q.T), scale
 
 
-def row_quantized_matmul(sink, x: str, q: str, scale: str, name: str, out: str) -> str:
-    """``out`` = x @ W for W held as ``q`` [K, N] int8 and ``scale`` [N] (initializer names), ``x`` [B, T, K]."""
+def row_zero_points(sink, rows: str) -> str:
+    """The activation codes' zero points, one per row: [T] uint8 of 128 for ``rows``, a [1, T] tensor of the pass
+    (the fused graph's ``position_ids``). One for a whole graph: QuantizeLinear takes a zero point per scale."""
+    count = sink.one("Shape", [rows], name="int8_rows/rows", start=1, end=2)  # [1]: T
+    return sink.one("Expand", [sink.constant([ZERO_POINT], np.uint8), count], name="int8_rows/zero_points")
+
+
+def row_quantized_matmul(sink, x: str, q: str, scale: str, name: str, out: str, zero_points: str | None = None) -> str:
+    """``out`` = x @ W for W held as ``q`` [K, N] int8 and ``scale`` [N] (initializer names), ``x`` [1, T, K].
+    ``zero_points``: ``row_zero_points``' tensor, shared by a graph's products (None: this product makes its own)."""
     peak = sink.one("ReduceMax", [sink.one("Abs", [x], name=f"{name}/abs"), sink.constant([-1])],
                     name=f"{name}/row_peak", keepdims=1)
     row_scale = sink.one("Div", [sink.one("Max", [peak, sink.constant(TINY, np.float32)], name=f"{name}/row_peak_min"),
-                                 sink.constant(ROW_LEVELS, np.float32)], name=f"{name}/row_scale")
-    rounded = sink.one("Round", [sink.one("Div", [x, row_scale], name=f"{name}/scaled")], name=f"{name}/round")
-    shifted = sink.one("Add", [rounded, sink.constant(float(ZERO_POINT), np.float32)], name=f"{name}/shift")
-    codes = sink.one("Cast", [shifted], name=f"{name}/codes", to=2)  # TensorProto.UINT8
-    product = sink.one("MatMulInteger", [codes, q, sink.constant(ZERO_POINT, np.uint8)], name=f"{name}/MatMulInteger")
-    scaled = sink.one("Mul", [sink.one("Cast", [product], name=f"{name}/float", to=1), scale],
-                      name=f"{name}/channel_scale")
+                                 sink.constant(ROW_LEVELS, np.float32)], name=f"{name}/row_scale")  # [1, T, 1]
+    scales = sink.one("Reshape", [row_scale, sink.constant([-1])], name=f"{name}/row_scales")  # [T]
+    if zero_points is None:
+        zero_points = sink.one("Expand", [sink.constant([ZERO_POINT], np.uint8),
+                                          sink.one("Shape", [scales], name=f"{name}/rows")], name=f"{name}/zero_points")
+    codes = sink.one("QuantizeLinear", [x, scales, zero_points], name=f"{name}/codes", axis=1)  # [1, T, K] uint8
+    one = sink.constant(1.0, np.float32)
+    product = sink.one("MatMulIntegerToFloat", [codes, q, one, one, sink.constant(ZERO_POINT, np.uint8)],
+                       name=f"{name}/MatMulIntegerToFloat", domain="com.microsoft")  # float(q_row @ W_q)
+    scaled = sink.one("Mul", [product, scale], name=f"{name}/channel_scale")
     sink.node("Mul", [scaled, row_scale], [out], name=f"{name}/row_scale_mul")
     return out
 

@@ -31,7 +31,7 @@ from specdec.export.gguf_blocks import Grid
 from specdec.export.graph_fused import SCRATCH_ROWS
 from specdec.export.graph_model import SLIDING, layer_types
 from specdec.export.graph_writer import ONNX_NAME, GraphWriter
-from specdec.export.int8_rows import channel_quantized, row_quantized_matmul
+from specdec.export.int8_rows import channel_quantized, row_quantized_matmul, row_zero_points
 from specdec.export.nbits import gather_quantized, matmul, write_parts
 from specdec.export.weight_plan import WeightPlan, WeightQuantizer
 
@@ -123,6 +123,7 @@ class FusedGraphBuilder:
         self.level = quantizer.plan.accuracy_level if quantizer is not None else None
         self.block_sums: dict = {}  # activation -> its block-sum augmented form (carried grids' corrections)
         self.key_smoothing: dict = {}  # layer -> [kv_heads, D] factors of an int8 cache's keys (kv_smoothing.py)
+        self.row_zero_points: str | None = None  # the int8 rows' activation zero points, made once (int8_rows.py)
 
     def linear(self, x: str, tensors: list, names: list, role: str, out: str, k: int, layer: int = -1,
                bias: np.ndarray | None = None) -> str:
@@ -138,8 +139,10 @@ class FusedGraphBuilder:
             weight = np.concatenate(tensors, axis=0) if len(tensors) > 1 else tensors[0]
             q, scale = channel_quantized(weight)
             self.quantizer.count_int8_rows(len(names))
+            if self.row_zero_points is None:
+                self.row_zero_points = row_zero_points(w, "position_ids")
             row_quantized_matmul(w, x, w.initializer(f"{base}.weight_q7", q), w.initializer(f"{base}.scales", scale),
-                                 base, target)
+                                 base, target, self.row_zero_points)
         else:
             parts = self.quantizer.parts(tensors, names, role, layer)
             matmul(w, x, write_parts(w, parts, base), base, target, self.level, k, self.block_sums)

@@ -72,7 +72,7 @@ class WeightQuantizer:
         self.report["stored"][what] = self.report["stored"].get(what, 0) + count
 
     def count_int8_rows(self, weights: int) -> None:
-        self._count("7-bit per output channel, 8-bit rows (MatMulInteger)", weights)
+        self._count("7-bit per output channel, 8-bit rows (MatMulIntegerToFloat)", weights)
 
     def shares_embedding(self) -> bool:
         """A tied table can be stored once: the 4-bit symmetric lm_head's data read by the embedding's Gather."""

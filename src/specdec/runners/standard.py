@@ -97,7 +97,7 @@ def session_options(threads: int | None = None):
     # ones (the cache grows). Measured on the real 1.5B target at 20k cached tokens, 2 threads: 136 MiB less
     # resident after eight 64-token chunks and 30 decode/verify passes, and no slower (21.5-21.8 s against 22.2 s).
     options.enable_mem_pattern = False
-    # Weights are prepacked (MatMulNBits', MatMulInteger's layouts) by the thread pool, not one thread: the real
+    # Weights are prepacked (MatMulNBits', MatMulIntegerToFloat's layouts) by the thread pool, not one thread: the real
     # pair's two sessions and tokenizer loaded in 2.3 s instead of 4.0-4.1 s (2-core Xeon, onnxruntime 1.32); the
     # packed bytes are the same (tests/runners/test_loader.py compares the logits bit for bit)
     options.add_session_config_entry("session.prepack.enable_parallel", "1")

@@ -317,6 +317,32 @@ def test_calibration_measures_how_costs_grow_with_the_context(monkeypatch, plant
     assert costs.at(100) is costs and target.length == draft.length == 0  # no extrapolation below; caches reset
 
 
+def test_a_timed_context_is_random_rows_where_a_runner_takes_them_else_its_own_passes():
+    """``fill_context`` (the weight forms' and the pass costs' measurements): a runner that takes a cache's rows gets
+    random ones and runs no pass (a 256-token prefill per form made a first load 4 s longer); one that cannot
+    (``kv_layout`` raises NotImplementedError, as a device cache does) is filled through its own passes."""
+    from specdec.decoding.cost_model import fill_context
+
+    class Passes(_ClockRunner):
+        def __init__(self, takes_rows):
+            super().__init__([0.0], lambda t: 0.0, lambda t: 0.0)
+            self.takes_rows, self.passes = takes_rows, []
+
+        def forward(self, ids, positions, **_):
+            self.passes.append(len(ids))
+
+        def kv_layout(self, count):
+            if not self.takes_rows:
+                raise NotImplementedError("a device cache")
+            return super().kv_layout(count)
+
+    rows, passes = Passes(True), Passes(False)
+    fill_context(rows, 256)
+    fill_context(passes, 256)
+    assert rows.length == passes.length == 256
+    assert rows.passes == [] and passes.passes == [64, 64, 64, 64]
+
+
 def test_costs_at_a_context_and_their_validation():
     costs = Costs(draft_step=0.01, verify=(0.03, 0.04), context=256, verify_slope=(1e-6, 2e-6), draft_slope=5e-7)
     deeper = costs.at(1256)

@@ -271,7 +271,12 @@ class AutoDraftLength:
 
 
 def fill_context(runner, context: int) -> None:
-    """Reset the runner and give it ``context`` committed slots (token 0), through its own passes."""
+    """Reset the runner and give it ``context`` committed slots (token 0): random keys/values where the runner can
+    take a cache's rows (``fill_random``: what a timed pass reads costs the same whatever the values, and a prefill
+    of 256 tokens took a first load 1-2 s per weight form), else through its own passes."""
+    if _can_fill_fast(runner, context):
+        fill_random(runner, context)
+        return
     runner.reset()
     while runner.length < context:
         count = min(runner.max_step_tokens, context - runner.length)

@@ -79,10 +79,8 @@ def test_products_alone_runs_each_product_on_the_bundle_weights(tmp_path):
     curve, profile = _tool("kernel_curve"), _tool("graph_profile")
     for name, model in (("nbits", curve.nbits_model(64, 96, 32, 4, 1)), ("int8", curve.int8_rows_model(64, 96, 1))):
         proto = onnx.load_from_string(model)
-        first = next(node for node in proto.graph.node
-                     if node.op_type in ("MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat"))
-        element = onnx.TensorProto.FLOAT
-        proto.graph.output.append(helper.make_tensor_value_info(first.output[0], element, None))
+        first = next(node for node in proto.graph.node if node.op_type in ("MatMulNBits", "MatMulIntegerToFloat"))
+        proto.graph.output.append(helper.make_tensor_value_info(first.output[0], onnx.TensorProto.FLOAT, None))
         folder = tmp_path / name
         folder.mkdir()
         onnx.save_model(proto, str(folder / "model.onnx"), save_as_external_data=True, location="model.data",

@@ -21,7 +21,8 @@ def _session(weight):
     """One projection of ``weight`` [N, K] as the exporter writes it: x [1, T, K] -> y [1, T, N]."""
     sink = NodeList()
     q, scale = int8_rows.channel_quantized(weight)
-    int8_rows.row_quantized_matmul(sink, "x", sink.initializer("q", q), sink.initializer("s", scale), "p", "y")
+    int8_rows.row_quantized_matmul(sink, "x", sink.initializer("q", q), sink.initializer("s", scale), "p", "y",
+                                   int8_rows.row_zero_points(sink, "x"))
     n, k = weight.shape
     graph = helper.make_graph(sink.nodes, "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])], sink.initializers)
@@ -59,7 +60,7 @@ def test_rows_do_not_depend_on_the_pass_width_and_match_the_numpy_rule(monkeypat
     if planted:
         real = int8_rows.row_quantized_matmul
 
-        def per_pass(sink, x, q, scale, name, out):
+        def per_pass(sink, x, q, scale, name, out, zero_points):
             original = sink.one
 
             def one(op, inputs, name=None, domain="", **attributes):
@@ -71,7 +72,7 @@ def test_rows_do_not_depend_on_the_pass_width_and_match_the_numpy_rule(monkeypat
                                 name=f"{name}/planted_rows")  # every row takes the pass's largest peak
 
             sink.one = one
-            return real(sink, x, q, scale, name, out)
+            return real(sink, x, q, scale, name, out, zero_points)
 
         monkeypatch.setattr(int8_rows, "row_quantized_matmul", per_pass)
     weight = np.random.default_rng(2).standard_normal((256, 1536)).astype(np.float32) * 0.05

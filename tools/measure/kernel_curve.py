@@ -84,15 +84,16 @@ def int8_rows_model(k: int, n: int, layers: int) -> bytes:
     """The same stack as ``--layer-products int8`` writes it (export/int8_rows.py): MatMulInteger over 7-bit
     channel weights, 8-bit activations scaled per row."""
     from specdec.export.graph_writer import NodeList
-    from specdec.export.int8_rows import channel_quantized, row_quantized_matmul
+    from specdec.export.int8_rows import channel_quantized, row_quantized_matmul, row_zero_points
 
     rng = np.random.default_rng(0)
     sink = NodeList()
     sink.node("Unsqueeze", ["x", sink.constant([0])], ["y-1"])  # the exporter's rows: [1, M, K]
+    zero_points = row_zero_points(sink, "y-1")
     for index, (rows_in, rows_out) in enumerate([(k, n), (n, k)] * layers):
         q, scale = channel_quantized((rng.standard_normal((rows_out, rows_in)) / np.sqrt(rows_in)).astype(np.float32))
         row_quantized_matmul(sink, f"y{index - 1}", sink.initializer(f"W{index}", q),
-                             sink.initializer(f"S{index}", scale), f"p{index}", f"y{index}")
+                             sink.initializer(f"S{index}", scale), f"p{index}", f"y{index}", zero_points)
     sink.node("Squeeze", [f"y{2 * layers - 1}", sink.constant([0])], ["y_rows"])
     return _model(sink.nodes, k, sink.initializers)
 

@@ -46,23 +46,21 @@ def channel_quantized(weight: np.ndarray, levels: int = WEIGHT_LEVELS) -> tuple[
 
 
 def row_zero_points(sink, rows: str) -> str:
-    """The activation codes' zero points, one per row: [T] uint8 of 128 for ``rows``, a [1, T] tensor of the pass
-    (the fused graph's ``position_ids``). One for a whole graph: QuantizeLinear takes a zero point per scale."""
+    """The activation codes' zero points, one per row: [T] uint8 of 128 for ``rows``, any [1, T, ...] tensor of the
+    pass (the fused graph's ``position_ids``, or a product's input). Made once for a whole graph: QuantizeLinear
+    takes a zero point per scale."""
     count = sink.one("Shape", [rows], name="int8_rows/rows", start=1, end=2)  # [1]: T
     return sink.one("Expand", [sink.constant([ZERO_POINT], np.uint8), count], name="int8_rows/zero_points")
 
 
-def row_quantized_matmul(sink, x: str, q: str, scale: str, name: str, out: str, zero_points: str | None = None) -> str:
-    """``out`` = x @ W for W held as ``q`` [K, N] int8 and ``scale`` [N] (initializer names), ``x`` [1, T, K].
-    ``zero_points``: ``row_zero_points``' tensor, shared by a graph's products (None: this product makes its own)."""
+def row_quantized_matmul(sink, x: str, q: str, scale: str, name: str, out: str, zero_points: str) -> str:
+    """``out`` = x @ W for W held as ``q`` [K, N] int8 and ``scale`` [N] (initializer names), ``x`` [1, T, K];
+    ``zero_points``: the graph's ``row_zero_points``."""
     peak = sink.one("ReduceMax", [sink.one("Abs", [x], name=f"{name}/abs"), sink.constant([-1])],
                     name=f"{name}/row_peak", keepdims=1)
     row_scale = sink.one("Div", [sink.one("Max", [peak, sink.constant(TINY, np.float32)], name=f"{name}/row_peak_min"),
                                  sink.constant(ROW_LEVELS, np.float32)], name=f"{name}/row_scale")  # [1, T, 1]
     scales = sink.one("Reshape", [row_scale, sink.constant([-1])], name=f"{name}/row_scales")  # [T]
-    if zero_points is None:
-        zero_points = sink.one("Expand", [sink.constant([ZERO_POINT], np.uint8),
-                                          sink.one("Shape", [scales], name=f"{name}/rows")], name=f"{name}/zero_points")
     codes = sink.one("QuantizeLinear", [x, scales, zero_points], name=f"{name}/codes", axis=1)  # [1, T, K] uint8
     one = sink.constant(1.0, np.float32)
     product = sink.one("MatMulIntegerToFloat", [codes, q, one, one, sink.constant(ZERO_POINT, np.uint8)],

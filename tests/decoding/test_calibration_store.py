@@ -138,3 +138,66 @@ def test_an_idle_pool_refines_noisy_costs_for_every_worker(tiny_bundle, monkeypa
         assert pool.decoders[1].costs() == decoder.costs()
     finally:
         pool.close()
+
+
+def _spy_calibrate(monkeypatch, decoder_module) -> list:
+    """Every calibrate call's keywords, the measurement itself left as it is."""
+    calls, original = [], decoder_module.calibrate
+    monkeypatch.setattr(decoder_module, "calibrate", lambda *a, **k: calls.append(k) or original(*a, **k))
+    return calls
+
+
+def test_provisional_costs_are_coarse_never_stored_and_measured_in_full_by_refine(tiny_bundle, monkeypatch, tmp_path):
+    """A server's first start on a machine: ``costs(provisional=True)`` measures one round at the shallow context
+    and stores nothing (a later start must not read them as measured); ``refine_costs`` then measures in full, uses
+    and stores that (quiet or not), and a later start reads it without measuring."""
+    from specdec import SpeculativeDecoder
+    from specdec.decoding import decoder as decoder_module
+    from specdec.decoding.calibration_store import load_costs_entry
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(decoder_module.OtherLoad, "cores", lambda self: 0.5)  # a full measurement beside other work
+    calls = _spy_calibrate(monkeypatch, decoder_module)
+    decoder = SpeculativeDecoder.load(tiny_bundle)
+    provisional = decoder.costs(provisional=True)
+    assert calls == [{"max_tokens": decoder_module.CALIBRATED_WIDTH, "stop": None,
+                      **decoder_module.COARSE_CALIBRATION}]
+    assert len(provisional.verify) == decoder_module.CALIBRATED_WIDTH and provisional.verify_slope == ()
+    assert decoder.costs_provisional and decoder.costs_to_refine and not decoder.costs_noisy
+    assert load_costs_entry(decoder._calibration_key)[0] is None  # never stored
+    assert decoder.costs() is provisional and decoder.fork().costs_provisional  # a request runs on them, no wait
+    assert decoder.refine_costs(stop=lambda: True) is None and decoder.costs_provisional  # stopped: nothing changed
+    full = decoder.refine_costs()
+    assert full is not None and full is not provisional and calls[-1].get("repeats") is None
+    assert not decoder.costs_provisional and decoder.costs() is full and decoder.costs_noisy  # beside 0.5 cores
+    assert load_costs_entry(decoder._calibration_key) == (full, 0.5)
+    later = SpeculativeDecoder.load(tiny_bundle)
+    count = len(calls)
+    assert later.costs(provisional=True) == full and not later.costs_provisional and len(calls) == count
+
+
+def test_an_idle_pool_measures_provisional_costs_in_full_soon(tiny_bundle, monkeypatch, tmp_path):
+    import time
+
+    from specdec import SpeculativeDecoder
+    from specdec.decoding import decoder as decoder_module
+    from specdec.decoding.calibration_store import load_costs_entry
+    from specdec.serving import pool as pool_module
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(decoder_module.OtherLoad, "cores", lambda self: 0.0)
+    monkeypatch.setattr(pool_module, "IDLE_BEFORE_REFINE", 1000.0)  # only the first-costs wait may start it
+    monkeypatch.setattr(pool_module, "IDLE_BEFORE_FIRST_COSTS", 0.2)
+    monkeypatch.setattr(pool_module, "REFINE_POLL", 0.05)
+    decoder = SpeculativeDecoder.load(tiny_bundle, kv_caches=2)
+    decoder.costs(provisional=True)
+    pool = pool_module.DecoderPool(decoder, pool_module.PoolOptions(workers=2))
+    try:
+        assert all(worker.costs_provisional for worker in pool.decoders)
+        deadline = time.monotonic() + 60
+        while any(worker.costs_provisional for worker in pool.decoders) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(worker.costs_to_refine for worker in pool.decoders)
+        assert pool.decoders[1].costs() == decoder.costs() == load_costs_entry(decoder._calibration_key)[0]
+    finally:
+        pool.close()

@@ -442,15 +442,17 @@ def test_props_says_what_the_server_holds(served):
 
 def test_the_server_has_its_pass_costs_before_it_listens(fim_bundle, monkeypatch):
     """build_app measures (or reads) this machine's pass costs before serving: the first request never waits for a
-    calibration (one of ~20 s on the real pair, cached per machine afterwards)."""
+    calibration (one of ~15 s on the real pair, cached per machine afterwards); where none are stored it asks for
+    provisional ones (a coarse measurement; the idle pool measures them in full)."""
     from specdec import SpeculativeDecoder
     from specdec.serving.app import ServerOptions, build_app
 
     asked = []
     original = SpeculativeDecoder.costs
-    monkeypatch.setattr(SpeculativeDecoder, "costs", lambda self: asked.append(self) or original(self))
+    monkeypatch.setattr(SpeculativeDecoder, "costs",
+                        lambda self, provisional=False: asked.append((self, provisional)) or original(self, provisional))
     build_app(fim_bundle, ServerOptions(model_name=MODEL))
-    assert len(asked) == 1 and asked[0]._costs is not None
+    assert len(asked) == 1 and asked[0][0]._costs is not None and asked[0][1] is True
 
 
 def test_several_prompts_in_one_completion(served, reference):

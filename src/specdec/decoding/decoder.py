@@ -60,6 +60,9 @@ from specdec.runners.vocab_map import load_kept_ids
 log = logging.getLogger(__name__)
 
 CALIBRATED_WIDTH = MAX_SUFFIX_NODES + 1  # the widest verify pass "auto" plans: a suffix tree plus the pending token
+# costs(provisional=True)'s measurement: one timed round after the warm-up, the growth with the context not
+# measured (a server answers sooner on a machine that never measured them; the full costs follow when idle)
+COARSE_CALIBRATION = {"repeats": 1, "deep_context": 0}
 
 
 def _after_load(root) -> None:
@@ -92,6 +95,7 @@ class SpeculativeDecoder:
         self._busy = threading.Lock()
         self._costs = costs
         self._costs_other_cores = 0.0  # the CPU other processes used while self._costs were measured
+        self._costs_provisional = False  # self._costs are costs(provisional=True)'s coarse ones, never stored
         self.prompt_cache = prompt_cache  # shared by every fork (None: off)
         self.suffix_cache = suffix_cache  # earlier requests' outputs for suffix proposals, shared by every fork
         # what auto's draft probes may spend, earned by requests that may run the draft (shared by every fork)
@@ -246,6 +250,7 @@ class SpeculativeDecoder:
         forked.rows_exact = self.rows_exact
         forked.weight_form = self.weight_form
         forked._costs_other_cores = self._costs_other_cores
+        forked._costs_provisional = self._costs_provisional
         forked.context_reason = self.context_reason
         forked.closes_draft = self.closes_draft
         forked.chat_template = self.chat_template
@@ -260,22 +265,34 @@ class SpeculativeDecoder:
             self._costs = None
             self._calibration_key = None
 
-    def costs(self) -> Costs:
-        """This machine's measured pass costs (calibrated once, on first use of "auto" or here)."""
+    def costs(self, provisional: bool = False) -> Costs:
+        """This machine's measured pass costs (calibrated once, on first use of "auto" or here).
+        ``provisional``: where none are stored for this machine, measure coarse ones instead
+        (``COARSE_CALIBRATION``: about a sixth of a full measurement's passes) and never store them:
+        ``costs_provisional`` says so, and ``refine_costs`` (an idle server's) measures the full costs, uses and
+        stores them. A server starts on these; pass costs only change how fast a request runs, never its output."""
         with self._exclusive():
-            return self._measured_costs()
+            return self._measured_costs(provisional)
 
-    def _measured_costs(self) -> Costs:
+    def _measured_costs(self, provisional: bool = False) -> Costs:
         """Costs measured once per machine: from the on-disk store when a process with the same bundle, CPU,
         onnxruntime, provider and threads measured them (decoding/calibration_store.py), else now, and stored with
         the CPU other processes used meanwhile (costs measured beside other work are used and stored all the same,
-        marked noisy: ``refine_costs`` measures them again when the machine is quiet)."""
+        marked noisy: ``refine_costs`` measures them again when the machine is quiet). ``provisional``: see
+        ``costs``."""
         if self._costs is None:
+            self._costs_provisional = False
             key = self._calibration_key
             stored, other_cores = load_costs_entry(key) if key is not None else (None, 0.0)
             if stored is not None and len(stored.verify) == CALIBRATED_WIDTH and (
                     self.draft is None or stored.draft_step > 0):
                 self._costs, self._costs_other_cores = stored, other_cores
+            elif provisional:
+                started = time.perf_counter()
+                self._costs, _ = self._calibrate(coarse=True)
+                self._costs_provisional = True
+                log.info("provisional pass costs measured in %.1f s (one round, no deep context; the full "
+                         "measurement follows once the server is idle)", time.perf_counter() - started)
             else:
                 self._costs, other_cores = self._calibrate()
                 self._costs_other_cores = other_cores if other_cores is not None else 0.0
@@ -287,8 +304,9 @@ class SpeculativeDecoder:
                                  "server does it)", self._costs_other_cores)
         return self._costs
 
-    def _calibrate(self, stop=None) -> tuple:
-        """(costs measured now on this decoder's runners, the cores other processes used meanwhile or None)."""
+    def _calibrate(self, stop=None, coarse: bool = False) -> tuple:
+        """(costs measured now on this decoder's runners, the cores other processes used meanwhile or None).
+        ``coarse``: one timed round of each width after the warm-up, at the shallow context only."""
         if self.draft_opening is not None:  # the draft's session packed on a thread, then the pages released after it
             self.draft_opening.join()  # beside the timed passes they would time them slow (and stored so)
         settle()  # a pass timed while the weights are being moved to 2 MiB pages would be timed slow
@@ -297,7 +315,8 @@ class SpeculativeDecoder:
             with ExitStack() as holds:
                 if self.draft_sessions is not None:
                     holds.enter_context(self.draft_sessions.held())  # timed passes: never closed under them
-                costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH, stop=stop)
+                costs = calibrate(self.target, self.draft, max_tokens=CALIBRATED_WIDTH, stop=stop,
+                                  **(COARSE_CALIBRATION if coarse else {}))
             return costs, other.cores()
         finally:
             for runner in filter(None, (self.target, self.draft)):
@@ -311,22 +330,41 @@ class SpeculativeDecoder:
                 and self._costs_other_cores > OTHER_CORES_LIMIT)
 
     @property
+    def costs_provisional(self) -> bool:
+        """Whether the pass costs in use are ``costs(provisional=True)``'s coarse ones (not stored)."""
+        return self._costs is not None and self._costs_provisional
+
+    @property
+    def costs_to_refine(self) -> bool:
+        """Whether ``refine_costs`` would measure: the costs in use are provisional or noisy."""
+        return self.costs_provisional or self.costs_noisy
+
+    @property
     def costs_other_cores(self) -> float:
         """The CPU cores other processes used while the pass costs in use were measured."""
         return self._costs_other_cores
 
     def refine_costs(self, stop=None) -> Costs | None:
-        """Measure the pass costs again if the ones in use are noisy (``costs_noisy``); keep and store the new ones
-        when they were measured on a quieter CPU. Returns the costs now in use when they changed, else None.
-        ``stop``: asked before each timed pass; when it returns true the measurement ends at once (None returned,
-        nothing changed). Forks keep their costs: give them the result with ``use_costs``."""
+        """Measure the pass costs in full if the ones in use are provisional (``costs_provisional``: always kept and
+        stored, as ``costs`` stores a first measurement) or noisy (``costs_noisy``: kept and stored when measured
+        on a quieter CPU). Returns the costs now in use when they changed, else None. ``stop``: asked before each
+        timed pass; when it returns true the measurement ends at once (None returned, nothing changed). Forks keep
+        their costs: give them the result with ``use_costs``."""
         with self._exclusive():
-            if not self.costs_noisy:
+            if not self.costs_to_refine:
                 return None
             try:
                 measured, other_cores = self._calibrate(stop)
             except CalibrationStopped:
                 return None
+            if self.costs_provisional:
+                other_cores = other_cores if other_cores is not None else 0.0
+                if self._calibration_key is not None:
+                    save_costs(self._calibration_key, measured, other_cores=other_cores)
+                log.info("pass costs measured in full (beside %.2f other cores) in place of the provisional ones",
+                         other_cores)
+                self.use_costs(measured, other_cores)
+                return measured
             if other_cores is None or other_cores >= self._costs_other_cores:
                 return None
             save_costs(self._calibration_key, measured, other_cores=other_cores)
@@ -337,7 +375,7 @@ class SpeculativeDecoder:
 
     def use_costs(self, costs: Costs, other_cores: float = 0.0) -> None:
         """Use ``costs`` (measured beside ``other_cores`` of other work) from now on: a fork given its parent's."""
-        self._costs, self._costs_other_cores = costs, other_cores
+        self._costs, self._costs_other_cores, self._costs_provisional = costs, other_cores, False
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, options: GenerationOptions | None = None, **changes) -> GenerationResult:

@@ -141,8 +141,11 @@ def attach_loaded(app: FastAPI, bundle, server: ServerOptions, pool: PoolOptions
     decoder = loading.result()
     log.info("loaded %s on %s: max_context %d", bundle, load.provider, decoder.max_context)  # load logged why
     started = time.perf_counter()
-    decoder.costs()  # this machine's pass costs now (stored after the first time), not in the first request
-    log.info("pass costs ready in %.1f s", time.perf_counter() - started)
+    # this machine's pass costs now, not in the first request: stored after the first time; a first start answers
+    # on coarse ones and the idle pool measures them in full (pool.py)
+    decoder.costs(provisional=True)
+    log.info("pass costs ready in %.1f s%s", time.perf_counter() - started,
+             " (provisional)" if decoder.costs_provisional else "")
     if server.chat_template_file is not None:  # before the pool forks the decoder: every worker renders with it
         decoder.chat_template = template or template_from_file(decoder.bundle_dir, decoder.manifest,
                                                                server.chat_template_file)

@@ -17,7 +17,10 @@ remembers its last job (``last_jobs``: what ``GET /slots`` reports).
 Pass costs measured beside other work (a start under an editor or a test runner: ``decoder.costs_noisy``) are
 measured again once the pool has had no job for ``IDLE_BEFORE_REFINE`` seconds: every worker is held meanwhile, a
 job that arrives stops the measurement before its next timed pass, and the result (kept only if the CPU was quieter)
-goes to every worker and to the store, so later starts read it. Boundary: no HTTP here (jobs.py and the dialects).
+goes to every worker and to the store, so later starts read it. A server's first start on a machine runs on
+provisional costs (``decoder.costs(provisional=True)``: a coarse measurement, never stored); their full measurement
+waits only ``IDLE_BEFORE_FIRST_COSTS`` seconds without a job, the same way. Boundary: no HTTP here (jobs.py and the
+dialects).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class PoolOptions:
 END = object()  # what Job.get returns after the last item
 REFINING = object()  # what a worker holds while an idle pool measures noisy pass costs again (no job is given it)
 IDLE_BEFORE_REFINE = 30.0  # seconds without a job before an idle pool measures noisy pass costs again
+IDLE_BEFORE_FIRST_COSTS = 2.0  # and before it measures provisional ones in full (a first start's)
 REFINE_POLL = 5.0  # how often the pool looks whether it may
 
 
@@ -256,14 +260,16 @@ class DecoderPool:
             return _Failure(exc)
 
     def _refine_when_idle(self) -> None:
-        """While the decoder's pass costs are noisy: once no job has run for ``IDLE_BEFORE_REFINE`` seconds, hold
-        every worker and measure them again (``decoder.refine_costs``), stopping at once for a job that arrives."""
+        """While the decoder's pass costs are provisional or noisy: once no job has run for
+        ``IDLE_BEFORE_FIRST_COSTS`` / ``IDLE_BEFORE_REFINE`` seconds, hold every worker and measure them again
+        (``decoder.refine_costs``), stopping at once for a job that arrives."""
         while not self._closing.wait(REFINE_POLL):
-            if not getattr(self.decoder, "costs_noisy", False):
+            if not getattr(self.decoder, "costs_to_refine", False):
                 continue
+            idle = IDLE_BEFORE_FIRST_COSTS if self.decoder.costs_provisional else IDLE_BEFORE_REFINE
             with self._lock:
                 if (self.closed or self._pending or any(held is not None for held in self._assigned)
-                        or time.monotonic() - self._last_job < IDLE_BEFORE_REFINE):
+                        or time.monotonic() - self._last_job < idle):
                     continue
                 self._assigned = [REFINING] * len(self.decoders)
             try:

@@ -357,19 +357,14 @@ class SpeculativeDecoder:
                 measured, other_cores = self._calibrate(stop)
             except CalibrationStopped:
                 return None
-            if self.costs_provisional:
-                other_cores = other_cores if other_cores is not None else 0.0
-                if self._calibration_key is not None:
-                    save_costs(self._calibration_key, measured, other_cores=other_cores)
-                log.info("pass costs measured in full (beside %.2f other cores) in place of the provisional ones",
-                         other_cores)
-                self.use_costs(measured, other_cores)
-                return measured
-            if other_cores is None or other_cores >= self._costs_other_cores:
-                return None
-            save_costs(self._calibration_key, measured, other_cores=other_cores)
-            log.info("pass costs measured again beside %.2f other cores (were %.2f)", other_cores,
-                     self._costs_other_cores)
+            provisional = self.costs_provisional
+            if not provisional and (other_cores is None or other_cores >= self._costs_other_cores):
+                return None  # noisy costs give way only to a quieter measurement
+            other_cores = other_cores if other_cores is not None else 0.0
+            if self._calibration_key is not None:
+                save_costs(self._calibration_key, measured, other_cores=other_cores)
+            log.info("pass costs measured again beside %.2f other cores (were %s)", other_cores,
+                     "provisional" if provisional else f"measured beside {self._costs_other_cores:.2f}")
             self.use_costs(measured, other_cores)
             return measured
 

@@ -266,6 +266,9 @@ def test_calibration_interleaves_widths_and_keeps_wider_passes_at_least_as_costl
     runner = Recorder()
     assert len(time_passes(runner, [1, 2, 3], repeats=3)) == 3
     assert runner.widths == [1, 2, 3] * 3
+    runner.widths = []
+    assert len(time_passes(runner, [1, 2, 64], repeats=3, rounds={64: 1})) == 3  # the wide pass in round one only
+    assert runner.widths == [1, 2, 64, 1, 2, 1, 2]
     assert monotone([1.0, 1.2, 1.1, 1.5, 1.4]) == (1.0, 1.2, 1.2, 1.5, 1.5)
     assert monotone([1.0, 1.1, 1.3]) == (1.0, 1.1, 1.3)
 

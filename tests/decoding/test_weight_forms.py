@@ -57,7 +57,7 @@ def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bund
     measured = []
     fake = {"nbits": _costs(0.01, 0.02, 0.5), "int8": _costs(0.012, 0.015, 0.1)}  # int8: the faster turn
 
-    def measure(path, spec, provider, threads):
+    def measure(path, spec, provider, threads, wide_rounds):
         form = "int8" if "target-int8" in path else "nbits"
         measured.append(form)
         return fake[form]
@@ -89,7 +89,7 @@ def test_a_noisy_choice_runs_at_once_and_a_quiet_load_measures_it_again(two_form
     measured = []
     fake = {"nbits": _costs(0.01, 0.02, 0.5), "int8": _costs(0.012, 0.015, 0.1)}
 
-    def measure(path, spec, provider, threads):
+    def measure(path, spec, provider, threads, wide_rounds):
         form = "int8" if "target-int8" in path else "nbits"
         measured.append(form)
         return fake[form]
@@ -112,7 +112,17 @@ def test_a_real_measurement_picks_a_form_and_every_mode_is_target_only_in_each(t
     from specdec import SpeculativeDecoder
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    timed = []
+    real_time_passes = forms_module.time_passes
+
+    def time_passes(runner, widths, repeats, stop=None, rounds=None):
+        timed.append((tuple(widths), repeats, rounds))
+        return real_time_passes(runner, widths, repeats, stop, rounds)
+
+    monkeypatch.setattr(forms_module, "time_passes", time_passes)
     assert SpeculativeDecoder.load(two_form_bundle).weight_form in ("nbits", "int8")
+    widths = tuple(sorted(REFERENCE_TURN))  # each form: a warm-up round, then REPEATS with one 64-token pass
+    assert timed[:4] == [(widths, 1, None), (widths, forms_module.REPEATS, {64: 1})] * 2
     for form in ("nbits", "int8"):
         assert_every_mode_is_target_only(two_form_bundle, weight_form=form)
 
@@ -138,7 +148,7 @@ def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkey
     calls = []
     costs = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}
 
-    def measure(path, *rest):
+    def measure(path, *rest, wide_rounds):
         calls.append(path)
         return costs[path.rsplit("/", 1)[-1]]
 
@@ -150,6 +160,33 @@ def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkey
     assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure, quiet=True)[0] == "nbits" and len(calls) == 4
     assert not forms_module.noisy_choice(spec, "id", "cpu", 2)
     assert choose_form(tmp_path, spec, "id", "cpu", 2, measure=measure, quiet=True)[0] == "nbits" and len(calls) == 4
+
+
+def test_forms_far_apart_are_chosen_on_one_wide_pass_each_and_close_ones_measured_again(monkeypatch, tmp_path):
+    """The 64-token pass (a second or more on a slow CPU) is timed once per form; forms whose reference turns come
+    within DECISIVE of each other are measured again with REPEATS of every width, and those figures decide."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: 0.0)
+    spec = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
+    calls = []
+    first = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}  # turns 5.28 s, 2.05 s
+    again = {}
+
+    def measure(path, spec, provider, threads, wide_rounds):
+        name = path.rsplit("/", 1)[-1]
+        calls.append((name, wide_rounds))
+        return (first if wide_rounds == 1 else again)[name]
+
+    assert forms_module.decisive(first) and not forms_module.decisive({"a": first["a.onnx"], "b": first["a.onnx"]})
+    assert choose_form(tmp_path, spec, "far", "cpu", 2, measure=measure)[0] == "int8"
+    assert calls == [("a.onnx", 1), ("b.onnx", 1)]
+    calls.clear()
+    first["b.onnx"] = _costs(0.0095, 0.02, 0.5)  # 3.7% under a.onnx's turn on one wide pass: too close to tell
+    again.update({"a.onnx": _costs(0.009, 0.018, 0.45), "b.onnx": _costs(0.0096, 0.02, 0.5)})
+    assert choose_form(tmp_path, spec, "close", "cpu", 2, measure=measure)[0] == "nbits"  # the longer measurement's
+    assert calls == [("a.onnx", 1), ("b.onnx", 1), ("a.onnx", forms_module.REPEATS), ("b.onnx", forms_module.REPEATS)]
 
 
 @pytest.mark.integration

@@ -288,15 +288,18 @@ class CalibrationStopped(RuntimeError):
     """``calibrate``'s ``stop`` said to stop (a request arrived while an idle server measured again)."""
 
 
-def time_passes(runner, widths, repeats: int, stop=None) -> list:
+def time_passes(runner, widths, repeats: int, stop=None, rounds: dict | None = None) -> list:
     """Median seconds of a pass of each of ``widths`` new tokens after the runner's committed slots (nothing
     is committed: every pass overwrites the same rows). The widths take turns, ``repeats`` rounds, so a burst
-    of load on a shared machine lands on every width alike instead of on the one being timed. ``stop``: a
+    of load on a shared machine lands on every width alike instead of on the one being timed. ``rounds``
+    (``{width: n}``) times a width in its first n rounds only (a wide pass costs many narrow ones). ``stop``: a
     function asked before each pass; when it returns true, CalibrationStopped is raised."""
     start = runner.length
     times = [[] for _ in widths]
-    for _ in range(repeats):
+    for round_index in range(repeats):
         for index, tokens in enumerate(widths):
+            if rounds is not None and round_index >= rounds.get(tokens, repeats):
+                continue
             if stop is not None and stop():
                 raise CalibrationStopped("stopped")
             begin = time.perf_counter()

@@ -6,7 +6,9 @@ int8 rows, export/int8_rows.py). Which is faster depends on the CPU, not on the 
 EPYC 0.51x and 1.24x. So the first load on a machine times each form's passes (one form in memory at a time) and
 keeps the form that runs a reference turn soonest: ``REFERENCE_TURN`` passes of each width, a 512-token prompt
 prefilled in 64-token passes, then 128 new tokens as 64 one-token passes (rounds without a proposal, target-only
-decoding) and 32 four-token verify passes. The choice and its measurements are stored per bundle, CPU (name and
+decoding) and 32 four-token verify passes. The narrow passes are timed ``REPEATS`` times each and the 64-token pass
+(a second or more on a slow CPU) once; only when the forms' turns come within ``DECISIVE`` of each other are the
+forms measured again with ``REPEATS`` of every width. The choice and its measurements are stored per bundle, CPU (name and
 flags), onnxruntime, provider and thread count (decoding/calibration_store.py), so later loads read it; a choice
 measured while other processes used the CPU is measured again by the first later load that finds the machine quiet:
 such a load runs the stored choice at once and watches the CPU while it makes the target's session (no load waits
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 REFERENCE_TURN = {64: 8, 1: 64, 4: 32}  # pass width -> passes of a reference turn
 MEASURED_CONTEXT = 256  # cached tokens behind the timed passes
 REPEATS = 3
+DECISIVE = 1.1  # the runner-up's reference turn at least this many times the best's: chosen on one wide pass each
 
 
 def quiet_since(watch: OtherLoad) -> bool:
@@ -55,9 +58,9 @@ def turn_seconds(costs: dict) -> float:
     return sum(passes * costs[width] for width, passes in REFERENCE_TURN.items())
 
 
-def measure_form(onnx_path: str, spec, provider: str, threads: int | None) -> dict:
-    """``{width: median seconds}`` of this form's passes at ``MEASURED_CONTEXT`` cached tokens; its session is
-    freed before this returns."""
+def measure_form(onnx_path: str, spec, provider: str, threads: int | None, wide_rounds: int = REPEATS) -> dict:
+    """``{width: median seconds}`` of this form's passes at ``MEASURED_CONTEXT`` cached tokens: ``REPEATS`` of each
+    narrow width, ``wide_rounds`` of the widest; its session is freed before this returns."""
     widths = sorted(REFERENCE_TURN)
     runner = make_runner(onnx_path, spec, provider, MEASURED_CONTEXT + max(widths) + 1, max(widths), threads)
     try:
@@ -65,7 +68,8 @@ def measure_form(onnx_path: str, spec, provider: str, threads: int | None) -> di
         settle()
         collapse_resident()  # timed as a load runs it: its packed weights on 2 MiB pages (runners/huge_pages.py)
         time_passes(runner, widths, 1)  # warm-up: first passes allocate
-        return dict(zip(widths, time_passes(runner, widths, REPEATS)))
+        rounds = {max(widths): min(wide_rounds, REPEATS)}
+        return dict(zip(widths, time_passes(runner, widths, REPEATS, rounds=rounds)))
     finally:
         runner.reset()
         del runner
@@ -94,17 +98,31 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
                                                                     and quiet):
         return stored["form"], forms[stored["form"]]
     other = OtherLoad()
-    costs = {name: measure(str(inside(root, path)), spec, provider, threads) for name, path in forms.items()}
+    wide_rounds = 1
+    costs = {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds)
+             for name, path in forms.items()}
+    if not decisive(costs):
+        wide_rounds = REPEATS
+        costs = {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds)
+                 for name, path in forms.items()}
     turns = {name: turn_seconds(measured) for name, measured in costs.items()}
     best = min(turns, key=turns.get)
     other_cores = other.cores()
-    log.info("weight forms of the %s measured on this machine (reference turn: %s): %s; running %s%s", spec.role,
-             ", ".join(f"{passes} passes of {width}" for width, passes in REFERENCE_TURN.items()),
+    log.info("weight forms of the %s measured on this machine (reference turn: %s; %s): %s; running %s%s",
+             spec.role, ", ".join(f"{passes} passes of {width}" for width, passes in REFERENCE_TURN.items()),
+             f"medians of {REPEATS} passes" if wide_rounds == REPEATS else
+             f"medians of {REPEATS} narrow passes, one of {max(REFERENCE_TURN)}",
              "; ".join(f"{name} {turns[name]:.2f} s (" + ", ".join(f"{w}: {1000 * c:.1f} ms" for w, c in
                                                                    sorted(costs[name].items())) + ")"
                        for name in forms), best,
              f" (other processes used {other_cores:.2f} cores meanwhile)" if other_cores else "")
     save_check(key, {"form": best, "turn_seconds": turns, "costs": {name: {str(w): c for w, c in measured.items()}
                                                                         for name, measured in costs.items()},
-                          "other_cores": other_cores})
+                          "wide_rounds": wide_rounds, "other_cores": other_cores})
     return best, forms[best]
+
+
+def decisive(costs: dict) -> bool:
+    """Whether forms' pass costs ``{form: {width: seconds}}`` part their reference turns by ``DECISIVE`` or more."""
+    turns = sorted(turn_seconds(measured) for measured in costs.values())
+    return len(turns) < 2 or turns[1] >= DECISIVE * turns[0]

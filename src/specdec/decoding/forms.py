@@ -8,12 +8,13 @@ keeps the form that runs a reference turn soonest: ``REFERENCE_TURN`` passes of 
 prefilled in 64-token passes, then 128 new tokens as 64 one-token passes (rounds without a proposal, target-only
 decoding) and 32 four-token verify passes. The narrow passes are timed ``REPEATS`` times each and the 64-token pass
 (a second or more on a slow CPU) once; only when the forms' turns come within ``DECISIVE`` of each other are the
-forms measured again with ``REPEATS`` of every width. The choice and its measurements are stored per bundle, CPU (name and
-flags), onnxruntime, provider and thread count (decoding/calibration_store.py), so later loads read it; a choice
-measured while other processes used the CPU is measured again by the first later load that finds the machine quiet:
-such a load runs the stored choice at once and watches the CPU while it makes the target's session (no load waits
-to find out), and measures the forms again after it when other processes stayed under ``OTHER_CORES_LIMIT``. A caller
-that knows better names a form (``SpeculativeDecoder.load(weight_form=...)``, ``--weight-form``).
+forms measured again with ``REPEATS`` of every width. The choice and its measurements are stored per bundle, CPU
+(name and flags), onnxruntime, provider and thread count (decoding/calibration_store.py), so later loads read it;
+a choice measured while other processes used the CPU is measured again by the first later load that finds the
+machine quiet: such a load runs the stored choice at once and watches the CPU while it makes the target's session
+(no load waits to find out), and measures the forms again after it when other processes stayed under
+``OTHER_CORES_LIMIT``. A caller that knows better names a form (``SpeculativeDecoder.load(weight_form=...)``,
+``--weight-form``).
 
 Every form computes the same model within its quantization (each passed the exporter's parity check); greedy
 identity with target-only decoding holds within whichever form runs, since both are decoded with it.

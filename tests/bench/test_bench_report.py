@@ -155,3 +155,24 @@ def test_the_default_is_compared_with_the_best_other_mode_of_each_kind():
     assert "The default (auto) against the best other mode of this run, decode tok/s: code 0.80x (auto:suffix)" in text
     assert bench.default_against_others({"auto": modes["auto"]}, summary) == {}
     assert bench.default_against_others({k: modes[k] for k in ("0", "auto:suffix")}, summary) == {}
+
+
+def test_the_report_reads_bytes_per_token_at_the_decode_rates():
+    """Bytes a one-token pass reads times the decode rate (target only for specdec, llama.cpp plain for the GGUF);
+    no line without the target's bytes, no GGUF part without its bytes."""
+    from specdec.bench.weights_read import memory_rate_line
+
+    summary = [{"kind": "all", "mode": "0", "tokens_per_s": 10.0}, {"kind": "all", "mode": "llama:target",
+                                                                      "tokens_per_s": 20.0},
+               {"kind": "code", "mode": "0", "tokens_per_s": 99.0}]
+    target = {"form": "int8", "file": "target-int8/model.onnx", "streamed": 1000 * 2**20, "gathered": 0}
+    line = memory_rate_line({"target": target, "gguf": {"file": "t.gguf", "bytes": 500 * 2**20}}, summary)
+    assert line == ("Weights a one-token pass reads (as packed for onnxruntime's CPU kernels; tables read a row at a "
+                    "time not counted): the target's int8 form 1,000.0 MiB, at 10.00 tok/s 10.5 GB/s (target only); "
+                    "llama.cpp's t.gguf 500.0 MiB, at 20.00 tok/s 10.5 GB/s (llama.cpp plain).")
+    assert memory_rate_line({}, summary) is None
+    assert "llama.cpp" not in memory_rate_line({"target": target, "gguf": {"file": "t.gguf", "bytes": None}}, summary)
+    text = markdown({"summary": summarize([_run("p", "0", 100, 10.0)], COSTS, 0.0), "modes": {},
+                     "costs": {"draft_step": 0.3, "verify": list(COSTS.verify)},
+                     "weights_per_token": {"target": target}})
+    assert "the target's int8 form 1,000.0 MiB, at 10.00 tok/s 10.5 GB/s (target only)." in text

@@ -29,6 +29,8 @@ def test_info_before_and_after_a_load(tiny_bundle, tmp_path, monkeypatch, capsys
     assert ("checks", "rows") in kinds and ("costs", None) in kinds
     assert set(report["models"]) == {"target", "draft"}
     assert all(form["bytes"] > 0 for model in report["models"].values() for form in model["weight_forms"].values())
+    assert all(0 < form["one_token_bytes"] < form["bytes"] for model in report["models"].values()
+               for form in model["weight_forms"].values())
 
 
 def test_info_of_a_missing_bundle_is_one_line(tmp_path, capsys):

@@ -189,6 +189,47 @@ def test_forms_far_apart_are_chosen_on_one_wide_pass_each_and_close_ones_measure
     assert calls == [("a.onnx", 1), ("b.onnx", 1), ("a.onnx", forms_module.REPEATS), ("b.onnx", forms_module.REPEATS)]
 
 
+def _bytes_by_onnx(path) -> dict:
+    """What a one-token pass reads, computed apart with the onnx package: MatMulNBits as MLAS packs it (the codes and
+    a float32 scale and block sum per block), the tables Gather nodes read rows of apart, every other initializer
+    whole."""
+    import numpy as np
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    sizes = {i.name: int(np.prod(i.dims, dtype=np.int64)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
+        i.data_type)).itemsize for i in model.graph.initializer}
+    streamed, counted, gathered = 0, set(), 0
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "MatMulNBits":
+            blocks = -(-attrs["K"] // attrs["block_size"])
+            streamed += attrs["N"] * blocks * (attrs["block_size"] * attrs.get("bits", 4) // 8 + 8)
+            counted.update(node.input[1:])
+        elif node.op_type in ("Gather", "GatherBlockQuantized"):
+            gathered += sum(sizes.get(name, 0) for name in node.input if name not in counted)
+            counted.update(node.input)
+    return {"streamed": streamed + sum(v for k, v in sizes.items() if k not in counted), "gathered": gathered}
+
+
+@pytest.mark.integration
+def test_the_bytes_a_one_token_pass_reads_match_the_graph_and_the_int8_form_reads_more(two_form_bundle):
+    """contract.onnx_paths.one_token_bytes (no onnx package) against the same count made with onnx, for both of the
+    target's forms and the draft; int8 rows read 8 bits a weight where MatMulNBits' blocks of 32 read 6."""
+    from specdec.bench.weights_read import target_bytes
+    from specdec.contract.manifest import Manifest
+    from specdec.contract.onnx_paths import one_token_bytes
+
+    manifest = Manifest.read(two_form_bundle)
+    files = dict(manifest.target.weight_forms) | {"draft": manifest.draft.onnx_file}
+    counts = {}
+    for form, path in files.items():
+        counts[form] = one_token_bytes((two_form_bundle / path).read_bytes())
+        assert counts[form] == _bytes_by_onnx(two_form_bundle / path), form
+    assert counts["int8"]["streamed"] > counts["nbits"]["streamed"] > 0 and counts["nbits"]["gathered"] > 0
+    assert target_bytes(two_form_bundle, manifest, "int8") == {"form": "int8", "file": files["int8"], **counts["int8"]}
+
+
 @pytest.mark.integration
 def test_eval_reports_every_weight_form(two_form_bundle):
     from specdec.bench.perplexity import evaluate_bundle

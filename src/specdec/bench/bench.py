@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+from specdec.bench.weights_read import memory_rate_line
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, Costs, calibrate, expected_speedup, per_token_acceptance
 
 WARM_UP_TOKENS = 8  # the untimed first request of specdec and of each peer (first runs allocate)
@@ -473,6 +474,9 @@ def markdown(report: dict) -> str:
                      f"{costs['verify'][0] / short['verify'][0]:.2f}x, draft step "
                      f"{costs['draft_step'] / max(short['draft_step'], 1e-12):.2f}x their cost at context "
                      f"{CALIBRATION_CONTEXT}.")
+    weights = memory_rate_line(report.get("weights_per_token") or {}, report["summary"])
+    if weights:
+        lines.append(weights)
     if any((s or {}).get("stdev") is not None for s in spread.values()):
         lines.append("tok/s of the 'all' rows with several passes: mean ± sample stddev of the passes' decode rates "
                      "(each pass: summed tokens / summed decode seconds).")

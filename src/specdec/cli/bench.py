@@ -122,6 +122,17 @@ def check_openvino(args) -> tuple | None:
     return check_python(args.openvino_python or sys.executable), target, draft, modes, properties
 
 
+def weights_per_token(decoder, peer: tuple | None) -> dict:
+    """The target form's bytes a one-token pass reads, and the peers' target GGUF's (``peer``: check_llama's or
+    check_openvino's tuple, its second item the target GGUF)."""
+    from specdec.bench.weights_read import gguf_bytes, target_bytes
+
+    weights = {"target": target_bytes(decoder.bundle_dir, decoder.manifest, getattr(decoder, "weight_form", None))}
+    if peer is not None:
+        weights["gguf"] = {"file": Path(peer[1]).name, "bytes": gguf_bytes(peer[1])}
+    return weights
+
+
 def llama_context(args) -> int:
     from specdec.bench.llama_server import DEFAULT_CONTEXT
 
@@ -198,6 +209,7 @@ def cmd_bench(args) -> int:
         for peer in peers:
             if hasattr(peer, "close"):
                 peer.close()
+    report["weights_per_token"] = weights_per_token(decoder, llama or openvino)
     report["command"] = args.command_line  # set by cli.main, its only caller
     report["provenance"] = provenance(args.bundle, args.threads)
     if peers:

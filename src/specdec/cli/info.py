@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdec.contract.bundle import cache_dir, inside
 from specdec.contract.manifest import Manifest
+from specdec.contract.onnx_paths import one_token_bytes
 from specdec.decoding.calibration_store import bundle_identity, cpu_model, stored_here
 
 
@@ -30,7 +31,9 @@ def describe_models(root: Path, manifest: Manifest) -> dict:
         models[role] = {"architecture": spec.architecture, "layers": spec.num_layers, "hidden": spec.hidden_size,
                         "vocab": spec.vocab_size, "quant": spec.quant, "graph": spec.graph,
                         "attention": spec.attention, "kv_dtype": spec.kv_dtype, "max_positions": spec.max_positions,
-                        "weight_forms": {form: {"file": path, "bytes": _size(root, path)} for form, path in forms.items()}}
+                        "weight_forms": {form: {"file": path, "bytes": _size(root, path),
+                                                "one_token_bytes": one_token_bytes(inside(root, path).read_bytes())[
+                                                    "streamed"]} for form, path in forms.items()}}
     return models
 
 
@@ -79,7 +82,8 @@ def cmd_info(args) -> int:
         return 0
     print(f"{root}: bundle format {manifest.format_version}, identity {identity[:16]}")
     for role, model in models.items():
-        forms = ", ".join(f"{form} ({item['file']}, {item['bytes'] / 2**30:.2f} GiB)"
+        forms = ", ".join(f"{form} ({item['file']}, {item['bytes'] / 2**30:.2f} GiB; a one-token pass reads "
+                          f"{item['one_token_bytes'] / 2**20:,.0f} MiB)"
                           for form, item in model["weight_forms"].items())
         print(f"  {role}: {model['architecture']}, {model['layers']} layers, hidden {model['hidden']}, vocab "
               f"{model['vocab']}, {model['quant']}, {model['graph']} graph, {model['attention']} attention, "

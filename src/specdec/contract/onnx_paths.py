@@ -182,3 +182,72 @@ def external_tensors(model: bytes) -> tuple[list, set]:
                 if op_type in (b"Gather", b"GatherBlockQuantized"):
                     gathered.update(v.decode("utf-8") for f, v in parts if f == _NODE_INPUT)
     return tensors, gathered
+
+
+# ---------------------------------------------------------------- the weight bytes a one-token pass reads
+_TENSOR_RAW_DATA = 9
+MLAS_BLOCK_EXTRA = 8  # bytes MLAS packs beside each MatMulNBits block (accuracy level 4): float32 scale, block sum
+
+
+def one_token_bytes(model: bytes, lengths: dict | None = None) -> dict:
+    """Bytes of weights one pass of a serialized ModelProto reads whole, as onnxruntime's CPU kernels hold them once
+    packed: ``{"streamed": ..., "gathered": ...}``. MatMulNBits (B ``[N, blocks, block * bits / 8]``) packs per block
+    the codes and ``MLAS_BLOCK_EXTRA`` bytes (MLAS' int8-compute layout; zero points fold into the block sum); every
+    other initializer of the top graph counts its stored bytes; the tables a Gather or GatherBlockQuantized reads
+    rows of are ``gathered`` (a token reads one row). ``lengths``: stored bytes of initializers by name where the
+    caller knows them better (external data read elsewhere)."""
+    sizes, dims, nbits, gathered_names = {}, {}, [], set()
+    for field, value in _fields(model):
+        if field != _MODEL_GRAPH:
+            continue
+        for graph_field, item in _fields(value):
+            if graph_field == _GRAPH_INITIALIZER:
+                name, size, shape = _stored_tensor(item)
+                sizes[name], dims[name] = size, shape
+            elif graph_field == _GRAPH_NODE:
+                parts = list(_fields(item))
+                op_type = next((v for f, v in parts if f == _NODE_OP_TYPE), b"")
+                inputs = [v.decode("utf-8") for f, v in parts if f == _NODE_INPUT]
+                if op_type == b"MatMulNBits":
+                    nbits.append(inputs)
+                elif op_type in (b"Gather", b"GatherBlockQuantized"):
+                    gathered_names.update(inputs)
+    sizes.update({name: size for name, size in (lengths or {}).items() if name in sizes})
+    streamed, counted = 0, set()
+    for inputs in nbits:
+        weights = dims.get(inputs[1]) if len(inputs) > 1 else None
+        if weights is None or len(weights) != 3:
+            continue  # a weight computed in the graph: not a stored one
+        rows, blocks, blob = weights
+        streamed += rows * blocks * (blob + MLAS_BLOCK_EXTRA)
+        counted.update(name for name in inputs[1:] if name in sizes)
+    gathered = sum(sizes[name] for name in gathered_names if name in sizes and name not in counted)
+    counted |= gathered_names
+    streamed += sum(size for name, size in sizes.items() if name not in counted)
+    return {"streamed": streamed, "gathered": gathered}
+
+
+_ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}  # TensorProto types
+
+
+def _stored_tensor(tensor: bytes) -> tuple[str, int, tuple]:
+    """(name, stored bytes, dims) of a TensorProto: external data's length, else raw data's, else dims x item size."""
+    dims, data_type, name, raw, length = [], 0, "", None, None
+    for field, wire, value in _scalars(tensor):
+        if field == _TENSOR_DIMS:
+            dims += _packed_varints(value) if wire == 2 else [value]
+        elif field == _TENSOR_DATA_TYPE and wire == 0:
+            data_type = value
+        elif field == _TENSOR_NAME and wire == 2:
+            name = value.decode("utf-8")
+        elif field == _TENSOR_RAW_DATA and wire == 2:
+            raw = len(value)
+        elif field == _TENSOR_EXTERNAL_DATA and wire == 2:
+            entry = dict(_fields(value))
+            if entry.get(_ENTRY_KEY) == b"length":
+                length = int(entry.get(_ENTRY_VALUE, b"0"))
+    count = 1
+    for dim in dims:
+        count *= dim
+    size = length if length is not None else raw if raw is not None else count * _ITEM_BYTES.get(data_type, 4)
+    return name, size, tuple(dims)

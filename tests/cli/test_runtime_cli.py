@@ -79,6 +79,9 @@ def test_bench_writes_json_markdown_and_compares_modes(tiny_bundle, tmp_path):
     assert all_rows["2"]["identical_to_target_only"] == 2  # greedy outputs equal target-only
     assert all_rows["auto"]["identical_to_target_only"] == 2
     assert "| all | draft g=2 |" in (tmp_path / "out" / "bench.md").read_text()
+    weights = report["weights_per_token"]  # the target's bytes a one-token pass reads, the machine's read rate
+    assert weights["target"]["streamed"] > 0 and weights["read_bandwidth"]["gbs"] > 0 and "gguf" not in weights
+    assert "Weights a one-token pass reads" in (tmp_path / "out" / "bench.md").read_text()
     # the report's command names the program, not this machine's path to it
     assert report["command"].startswith("specdec bench ") and "--draft-tokens 2,auto" in report["command"]
 

@@ -26,6 +26,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from specdec.bench.bench import cpu_model
+from specdec.bench.weights_read import read_bandwidth
 from specdec.runners.standard import session_options  # the runtime's own: its shared thread pool
 
 
@@ -58,26 +59,6 @@ def nbits_bytes(k: int, n: int, block: int, level: int, layers: int, zero_points
     the codes, the float32 scale and, if present, the 4-bit zero point."""
     per_block = block // 2 + (8 if level == 4 else 4 + (0.5 if zero_points else 0))
     return int(2 * layers * n * (-(-k // block)) * per_block)
-
-
-def read_bandwidth(processes: int, gib: float = 1.0) -> float:
-    """GB/s that ``processes`` processes reading their own ``gib`` GiB arrays (numpy sums) reach together."""
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        seconds = pool.map(_read_seconds, [gib] * processes)
-    return processes * gib * 2**30 / max(seconds) / 1e9
-
-
-def _read_seconds(gib: float) -> float:
-    data = np.ones(int(gib * 2**30 / 8), dtype=np.float64)
-    data.sum()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        data.sum()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def int8_rows_model(k: int, n: int, layers: int) -> bytes:
@@ -175,7 +156,7 @@ def main() -> int:
         lines.append(f"| {name} | {mb:.1f} | {8 * streamed[name] / weights:.2f} | {mb / values[0]:.1f} | "
                      + " | ".join(cells) + " |")
     if args.bandwidth:
-        one, many = read_bandwidth(1), read_bandwidth(args.threads or 2)
+        one, many = read_bandwidth(1, gib=1.0), read_bandwidth(args.threads or 2, gib=1.0)
         lines += ["", (f"read bandwidth (numpy sums of 1 GiB): {one:.1f} GB/s one process, "
                        f"{many:.1f} GB/s {args.threads or 2} processes")]
     text = "\n".join(lines)

@@ -4,7 +4,10 @@ second is the memory rate a runtime reached; where a one-token pass is bandwidth
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import numpy as np
 
 from specdec.contract.bundle import inside
 from specdec.contract.onnx_paths import one_token_bytes
@@ -31,9 +34,31 @@ def gguf_bytes(path) -> int | None:
     return sum(int(t.n_bytes) for t in tensors if tied or not t.name.startswith("token_embd"))
 
 
+def read_bandwidth(processes: int, gib: float = 0.5) -> float:
+    """GB/s that ``processes`` processes, each summing its own ``gib`` GiB array (numpy, best of 5), reach together:
+    the machine's read bandwidth, beside which a one-token pass's GB/s says how bandwidth-bound it is."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        seconds = pool.map(_read_seconds, [gib] * processes)
+    return processes * gib * 2**30 / max(seconds) / 1e9
+
+
+def _read_seconds(gib: float) -> float:
+    data = np.ones(int(gib * 2**30 / 8), dtype=np.float64)
+    data.sum()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def memory_rate_line(weights: dict, summary: list) -> str | None:
     """One line of a bench report: bytes per token and the GB/s they were read at by target-only decoding and by
-    llama.cpp plain (``weights``: ``{"target": target_bytes(...), "gguf": {"file", "bytes"} or None}``)."""
+    llama.cpp plain, beside the machine's read bandwidth (``weights``: ``{"target": target_bytes(...), "gguf":
+    {"file", "bytes"} or None, "read_bandwidth": {"gbs", "processes"} or None}``)."""
     target = weights.get("target")
     if not target:
         return None
@@ -51,4 +76,8 @@ def memory_rate_line(weights: dict, summary: list) -> str | None:
     if gguf and gguf.get("bytes"):
         line += (f"; llama.cpp's {gguf['file']} {gguf['bytes'] / 2**20:,.1f} MiB"
                  f"{read(gguf['bytes'], 'llama:target')} (llama.cpp plain)")
+    bandwidth = weights.get("read_bandwidth")
+    if bandwidth:
+        line += (f"; this machine reads {bandwidth['gbs']:.1f} GB/s ({bandwidth['processes']} processes summing "
+                 "their own arrays, before the models loaded)")
     return line + "."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,14 @@ def weights_per_token(decoder, peer: tuple | None) -> dict:
     return weights
 
 
+def machine_bandwidth(threads: int | None) -> dict:
+    """This machine's read bandwidth from as many processes as decoding uses threads (``weights_read``)."""
+    from specdec.bench.weights_read import read_bandwidth
+
+    processes = max(1, min(threads or os.cpu_count() or 2, 8))
+    return {"gbs": read_bandwidth(processes), "processes": processes}
+
+
 def llama_context(args) -> int:
     from specdec.bench.llama_server import DEFAULT_CONTEXT
 
@@ -185,6 +194,7 @@ def cmd_bench(args) -> int:
     check_writable(Path(args.out))
     started = time.perf_counter()
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    bandwidth = machine_bandwidth(args.threads)  # before any model takes memory or a core
     encode = lambda text: decoder.codec.encode(text)  # noqa: E731  (peers encode only once the runs start)
     peers = ()
     try:  # llama-server processes are stopped whatever happens after they start
@@ -209,7 +219,7 @@ def cmd_bench(args) -> int:
         for peer in peers:
             if hasattr(peer, "close"):
                 peer.close()
-    report["weights_per_token"] = weights_per_token(decoder, llama or openvino)
+    report["weights_per_token"] = weights_per_token(decoder, llama or openvino) | {"read_bandwidth": bandwidth}
     report["command"] = args.command_line  # set by cli.main, its only caller
     report["provenance"] = provenance(args.bundle, args.threads)
     if peers:

@@ -161,6 +161,6 @@ def test_gpu_check_script_runs_on_a_gpu():
     import subprocess
     import sys
     
-    script = ROOT / "samples" / "gpu_check.py"
+    script = ROOT / "tools" / "check" / "gpu_check.py"
     proc = subprocess.run([sys.executable, str(script), "--tiny-only"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

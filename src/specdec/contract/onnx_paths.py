@@ -93,7 +93,7 @@ def external_data_locations(model: bytes) -> set:
 
 
 # ---------------------------------------------------------------- the top graph's external tensors, for mapping
-_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_DATA_LOCATION = 1, 2, 8, 14
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_RAW_DATA, _TENSOR_DATA_LOCATION = 1, 2, 8, 9, 14
 _NODE_INPUT, _NODE_OP_TYPE = 1, 4
 _EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 
@@ -140,8 +140,20 @@ def _packed_varints(data: bytes) -> list:
     return values
 
 
-def _external_tensor(tensor: bytes) -> ExternalTensor | None:
-    dims, data_type, name, location, entries = [], 0, "", 0, {}
+@dataclass(frozen=True)
+class _TensorHeader:
+    """A TensorProto's fields but its data: what the readers below need."""
+
+    name: str
+    data_type: int
+    dims: tuple
+    location: int  # TensorProto.DataLocation
+    external: dict  # external_data's key -> value
+    raw_length: int | None  # bytes of raw_data, when the tensor holds them
+
+
+def _header(tensor: bytes) -> _TensorHeader:
+    dims, data_type, name, location, entries, raw = [], 0, "", 0, {}, None
     for field, wire, value in _scalars(tensor):
         if field == _TENSOR_DIMS:
             dims += _packed_varints(value) if wire == 2 else [value]
@@ -151,17 +163,25 @@ def _external_tensor(tensor: bytes) -> ExternalTensor | None:
             name = value.decode("utf-8")
         elif field == _TENSOR_DATA_LOCATION and wire == 0:
             location = value
+        elif field == _TENSOR_RAW_DATA and wire == 2:
+            raw = len(value)
         elif field == _TENSOR_EXTERNAL_DATA and wire == 2:
             entry = dict(_fields(value))
             entries[entry.get(_ENTRY_KEY, b"").decode("utf-8", "replace")] = entry.get(_ENTRY_VALUE, b"").decode(
                 "utf-8", "replace")
-    if location != _EXTERNAL or "location" not in entries or "length" not in entries:
+    return _TensorHeader(name, data_type, tuple(dims), location, entries, raw)
+
+
+def _external_tensor(tensor: bytes) -> ExternalTensor | None:
+    head = _header(tensor)
+    entries = head.external
+    if head.location != _EXTERNAL or "location" not in entries or "length" not in entries:
         return None
     try:
-        return ExternalTensor(name, data_type, tuple(dims), entries["location"], int(entries.get("offset", "0")),
-                              int(entries["length"]))
+        return ExternalTensor(head.name, head.data_type, head.dims, entries["location"],
+                              int(entries.get("offset", "0")), int(entries["length"]))
     except ValueError:
-        raise ProtobufError(f"initializer {name}: offset/length are not integers") from None
+        raise ProtobufError(f"initializer {head.name}: offset/length are not integers") from None
 
 
 def external_tensors(model: bytes) -> tuple[list, set]:
@@ -185,7 +205,6 @@ def external_tensors(model: bytes) -> tuple[list, set]:
 
 
 # ---------------------------------------------------------------- the weight bytes a one-token pass reads
-_TENSOR_RAW_DATA = 9
 MLAS_BLOCK_EXTRA = 8  # bytes MLAS packs beside each MatMulNBits block (accuracy level 4): float32 scale, block sum
 
 
@@ -232,22 +251,14 @@ _ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12:
 
 def _stored_tensor(tensor: bytes) -> tuple[str, int, tuple]:
     """(name, stored bytes, dims) of a TensorProto: external data's length, else raw data's, else dims x item size."""
-    dims, data_type, name, raw, length = [], 0, "", None, None
-    for field, wire, value in _scalars(tensor):
-        if field == _TENSOR_DIMS:
-            dims += _packed_varints(value) if wire == 2 else [value]
-        elif field == _TENSOR_DATA_TYPE and wire == 0:
-            data_type = value
-        elif field == _TENSOR_NAME and wire == 2:
-            name = value.decode("utf-8")
-        elif field == _TENSOR_RAW_DATA and wire == 2:
-            raw = len(value)
-        elif field == _TENSOR_EXTERNAL_DATA and wire == 2:
-            entry = dict(_fields(value))
-            if entry.get(_ENTRY_KEY) == b"length":
-                length = int(entry.get(_ENTRY_VALUE, b"0"))
+    head = _header(tensor)
     count = 1
-    for dim in dims:
+    for dim in head.dims:
         count *= dim
-    size = length if length is not None else raw if raw is not None else count * _ITEM_BYTES.get(data_type, 4)
-    return name, size, tuple(dims)
+    try:
+        length = int(head.external["length"]) if "length" in head.external else None
+    except ValueError:
+        raise ProtobufError(f"initializer {head.name}: length is not an integer") from None
+    size = (length if length is not None else head.raw_length if head.raw_length is not None
+            else count * _ITEM_BYTES.get(head.data_type, 4))
+    return head.name, size, head.dims

@@ -169,12 +169,12 @@ def test_the_report_reads_bytes_per_token_at_the_decode_rates():
     line = memory_rate_line({"target": target, "gguf": {"file": "t.gguf", "bytes": 500 * 2**20}}, summary)
     assert line == ("Weights a one-token pass reads (as packed for onnxruntime's CPU kernels; tables read a row at a "
                     "time not counted): the target's int8 form 1,000.0 MiB, at 10.00 tok/s 10.5 GB/s (target only); "
-                    "llama.cpp's t.gguf 500.0 MiB, at 20.00 tok/s 10.5 GB/s (llama.cpp plain).")
+                    "the GGUF t.gguf 500.0 MiB, at 20.00 tok/s 10.5 GB/s (llama.cpp plain).")
     bandwidth = {"read_bandwidth": {"gbs": 20.44, "processes": 2}}
     assert memory_rate_line({"target": target} | bandwidth, summary).endswith(
         "(target only); this machine reads 20.4 GB/s (2 processes summing their own arrays, before the models loaded).")
     assert memory_rate_line({}, summary) is None
-    assert "llama.cpp" not in memory_rate_line({"target": target, "gguf": {"file": "t.gguf", "bytes": None}}, summary)
+    assert "GGUF" not in memory_rate_line({"target": target, "gguf": {"file": "t.gguf", "bytes": None}}, summary)
     text = markdown({"summary": summarize([_run("p", "0", 100, 10.0)], COSTS, 0.0), "modes": {},
                      "costs": {"draft_step": 0.3, "verify": list(COSTS.verify)},
                      "weights_per_token": {"target": target}})

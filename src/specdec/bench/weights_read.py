@@ -74,7 +74,7 @@ def memory_rate_line(weights: dict, summary: list) -> str | None:
             "(target only)")
     gguf = weights.get("gguf")
     if gguf and gguf.get("bytes"):
-        line += (f"; llama.cpp's {gguf['file']} {gguf['bytes'] / 2**20:,.1f} MiB"
+        line += (f"; the GGUF {gguf['file']} {gguf['bytes'] / 2**20:,.1f} MiB"
                  f"{read(gguf['bytes'], 'llama:target')} (llama.cpp plain)")
     bandwidth = weights.get("read_bandwidth")
     if bandwidth:

@@ -139,7 +139,7 @@ def machine_bandwidth(threads: int | None) -> dict:
     from specdec.bench.weights_read import read_bandwidth
 
     processes = max(1, min(threads or os.cpu_count() or 2, 8))
-    return {"gbs": read_bandwidth(processes), "processes": processes}
+    return {"gbs": read_bandwidth(processes, gib=min(0.5, 2.0 / processes)), "processes": processes}  # <= 2 GiB
 
 
 def llama_context(args) -> int:

@@ -16,7 +16,7 @@ from specdec.contract.onnx_paths import one_token_bytes
 def target_bytes(bundle_dir, manifest, form: str | None) -> dict:
     """``{"form", "file", "streamed", "gathered"}`` of the target's weight form ``form`` (None: its one form)."""
     spec = manifest.target
-    onnx_file = dict(spec.weight_forms).get(form, spec.onnx_file) if form else spec.onnx_file
+    onnx_file = dict(spec.weight_forms).get(form, spec.onnx_file)
     counts = one_token_bytes(inside(Path(bundle_dir), onnx_file).read_bytes())
     return {"form": form, "file": onnx_file, **counts}
 

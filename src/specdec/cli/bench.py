@@ -128,7 +128,7 @@ def weights_per_token(decoder, peer: tuple | None) -> dict:
     check_openvino's tuple, its second item the target GGUF)."""
     from specdec.bench.weights_read import gguf_bytes, target_bytes
 
-    weights = {"target": target_bytes(decoder.bundle_dir, decoder.manifest, getattr(decoder, "weight_form", None))}
+    weights = {"target": target_bytes(decoder.bundle_dir, decoder.manifest, decoder.weight_form)}
     if peer is not None:
         weights["gguf"] = {"file": Path(peer[1]).name, "bytes": gguf_bytes(peer[1])}
     return weights

@@ -173,7 +173,10 @@ def _header(tensor: bytes) -> _TensorHeader:
 
 
 def _external_tensor(tensor: bytes) -> ExternalTensor | None:
-    head = _header(tensor)
+    return _external_of(_header(tensor))
+
+
+def _external_of(head: _TensorHeader) -> ExternalTensor | None:
     entries = head.external
     if head.location != _EXTERNAL or "location" not in entries or "length" not in entries:
         return None
@@ -208,13 +211,12 @@ def external_tensors(model: bytes) -> tuple[list, set]:
 MLAS_BLOCK_EXTRA = 8  # bytes MLAS packs beside each MatMulNBits block (accuracy level 4): float32 scale, block sum
 
 
-def one_token_bytes(model: bytes, lengths: dict | None = None) -> dict:
+def one_token_bytes(model: bytes) -> dict:
     """Bytes of weights one pass of a serialized ModelProto reads whole, as onnxruntime's CPU kernels hold them once
     packed: ``{"streamed": ..., "gathered": ...}``. MatMulNBits (B ``[N, blocks, block * bits / 8]``) packs per block
     the codes and ``MLAS_BLOCK_EXTRA`` bytes (MLAS' int8-compute layout; zero points fold into the block sum); every
     other initializer of the top graph counts its stored bytes; the tables a Gather or GatherBlockQuantized reads
-    rows of are ``gathered`` (a token reads one row). ``lengths``: stored bytes of initializers by name where the
-    caller knows them better (external data read elsewhere)."""
+    rows of are ``gathered`` (a token reads one row)."""
     sizes, dims, nbits, gathered_names = {}, {}, [], set()
     for field, value in _fields(model):
         if field != _MODEL_GRAPH:
@@ -231,7 +233,6 @@ def one_token_bytes(model: bytes, lengths: dict | None = None) -> dict:
                     nbits.append(inputs)
                 elif op_type in (b"Gather", b"GatherBlockQuantized"):
                     gathered_names.update(inputs)
-    sizes.update({name: size for name, size in (lengths or {}).items() if name in sizes})
     streamed, counted = 0, set()
     for inputs in nbits:
         weights = dims.get(inputs[1]) if len(inputs) > 1 else None
@@ -252,13 +253,10 @@ _ITEM_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12:
 def _stored_tensor(tensor: bytes) -> tuple[str, int, tuple]:
     """(name, stored bytes, dims) of a TensorProto: external data's length, else raw data's, else dims x item size."""
     head = _header(tensor)
+    external = _external_of(head)
     count = 1
     for dim in head.dims:
         count *= dim
-    try:
-        length = int(head.external["length"]) if "length" in head.external else None
-    except ValueError:
-        raise ProtobufError(f"initializer {head.name}: length is not an integer") from None
-    size = (length if length is not None else head.raw_length if head.raw_length is not None
+    size = (external.length if external is not None else head.raw_length if head.raw_length is not None
             else count * _ITEM_BYTES.get(head.data_type, 4))
     return head.name, size, head.dims

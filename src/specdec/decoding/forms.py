@@ -99,13 +99,16 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
                                                                     and quiet):
         return stored["form"], forms[stored["form"]]
     other = OtherLoad()
+
+    def measure_all(wide_rounds: int) -> dict:
+        return {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds)
+                for name, path in forms.items()}
+
     wide_rounds = 1
-    costs = {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds)
-             for name, path in forms.items()}
+    costs = measure_all(wide_rounds)
     if not decisive(costs):
         wide_rounds = REPEATS
-        costs = {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds)
-                 for name, path in forms.items()}
+        costs = measure_all(wide_rounds)
     turns = {name: turn_seconds(measured) for name, measured in costs.items()}
     best = min(turns, key=turns.get)
     other_cores = other.cores()

@@ -57,7 +57,7 @@ def test_export_writes_both_forms_and_the_first_load_measures_them(two_form_bund
     measured = []
     fake = {"nbits": _costs(0.01, 0.02, 0.5), "int8": _costs(0.012, 0.015, 0.1)}  # int8: the faster turn
 
-    def measure(path, spec, provider, threads, wide_rounds):
+    def measure(path, spec, provider, threads, wide_rounds, keep=None):
         form = "int8" if "target-int8" in path else "nbits"
         measured.append(form)
         return fake[form]
@@ -89,7 +89,7 @@ def test_a_noisy_choice_runs_at_once_and_a_quiet_load_measures_it_again(two_form
     measured = []
     fake = {"nbits": _costs(0.01, 0.02, 0.5), "int8": _costs(0.012, 0.015, 0.1)}
 
-    def measure(path, spec, provider, threads, wide_rounds):
+    def measure(path, spec, provider, threads, wide_rounds, keep=None):
         form = "int8" if "target-int8" in path else "nbits"
         measured.append(form)
         return fake[form]
@@ -131,11 +131,11 @@ def test_a_single_form_bundle_runs_its_one_form_and_refuses_another():
     from types import SimpleNamespace
 
     spec = SimpleNamespace(weight_forms=(), onnx_file="target/model.onnx", role="target")
-    assert choose_form(None, spec, "id", "cpu", 2) == (None, "target/model.onnx")
+    assert choose_form(None, spec, "id", "cpu", 2) == (None, "target/model.onnx", None)
     with pytest.raises(ValueError, match="has its one form"):
         choose_form(None, spec, "id", "cpu", 2, "int8")
     two = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
-    assert choose_form(None, two, "id", "cuda", 2) == ("nbits", "a.onnx")  # never measured on a GPU: the first
+    assert choose_form(None, two, "id", "cuda", 2) == ("nbits", "a.onnx", None)  # never measured on a GPU: the first
 
 
 def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkeypatch, tmp_path):
@@ -148,7 +148,7 @@ def test_a_choice_measured_beside_other_work_is_measured_again_when_quiet(monkey
     calls = []
     costs = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}
 
-    def measure(path, *rest, wide_rounds):
+    def measure(path, *rest, wide_rounds, keep=None):
         calls.append(path)
         return costs[path.rsplit("/", 1)[-1]]
 
@@ -174,7 +174,7 @@ def test_forms_far_apart_are_chosen_on_one_wide_pass_each_and_close_ones_measure
     first = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}  # turns 5.28 s, 2.05 s
     again = {}
 
-    def measure(path, spec, provider, threads, wide_rounds):
+    def measure(path, spec, provider, threads, wide_rounds, keep=None):
         name = path.rsplit("/", 1)[-1]
         calls.append((name, wide_rounds))
         return (first if wide_rounds == 1 else again)[name]
@@ -187,6 +187,76 @@ def test_forms_far_apart_are_chosen_on_one_wide_pass_each_and_close_ones_measure
     again.update({"a.onnx": _costs(0.009, 0.018, 0.45), "b.onnx": _costs(0.0096, 0.02, 0.5)})
     assert choose_form(tmp_path, spec, "close", "cpu", 2, measure=measure)[0] == "nbits"  # the longer measurement's
     assert calls == [("a.onnx", 1), ("b.onnx", 1), ("a.onnx", forms_module.REPEATS), ("b.onnx", forms_module.REPEATS)]
+
+
+def test_the_last_form_measured_keeps_its_session_only_when_it_wins(monkeypatch, tmp_path):
+    """The last form's session is left open for the load when that form wins, freed when it loses, and freed before
+    the forms are measured again (one form's weights in memory at a time); planted bugs (never keeping, keeping
+    the loser, keeping across a second measurement) fail it."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: 0.0)
+    spec = SimpleNamespace(weight_forms=(("nbits", "a.onnx"), ("int8", "b.onnx")), onnx_file="a.onnx", role="target")
+    costs = {"a.onnx": _costs(0.01, 0.02, 0.5), "b.onnx": _costs(0.012, 0.015, 0.1)}  # b (the last) wins
+    held = []  # what was kept when each form began to be measured
+
+    def measure(path, spec, provider, threads, wide_rounds, keep=None):
+        name = path.rsplit("/", 1)[-1]
+        held.append(list(keep) if keep is not None else None)
+        if keep is not None:
+            keep.append(f"session of {name}")
+        return costs[name]
+
+    assert choose_form(tmp_path, spec, "last-wins", "cpu", 2, measure=measure) == ("int8", "b.onnx", "session of b.onnx")
+    assert held == [None, []]  # only the last form keeps its session
+    costs["a.onnx"] = _costs(0.005, 0.01, 0.05)  # a (the first) wins: b's session is not handed on
+    assert choose_form(tmp_path, spec, "first-wins", "cpu", 2, measure=measure) == ("nbits", "a.onnx", None)
+    held.clear()
+    costs["b.onnx"] = _costs(0.0051, 0.01, 0.05)  # too close on one wide pass: measured again, b's first session freed
+    choice = choose_form(tmp_path, spec, "close", "cpu", 2, measure=measure)
+    assert held == [None, [], None, []] and choice.session in (None, "session of b.onnx")
+
+
+@pytest.mark.integration
+def test_a_first_load_runs_the_session_its_measurement_left_open(two_form_bundle, monkeypatch, tmp_path):
+    """Measured for real (sessions, passes), with the pass times fixed: when the last form measured wins, the load
+    makes no third session of the target; when the first wins, it makes that one again. Outputs as target-only."""
+    from specdec import SpeculativeDecoder
+    from specdec.runners import standard
+
+    opened = []
+    real_session = standard._session
+
+    def session(onnx_path, providers, threads):
+        opened.append(onnx_path.rsplit("/", 2)[-2])
+        return real_session(onnx_path, providers, threads)
+
+    monkeypatch.setattr(standard, "_session", session)
+    made = {}  # id(runner) -> the folder of the form it was made from
+    real_make = forms_module.make_runner
+
+    def make_runner(onnx_path, *args, **kwargs):
+        runner = real_make(onnx_path, *args, **kwargs)
+        made[id(runner)] = onnx_path.rsplit("/", 2)[-2]
+        return runner
+
+    monkeypatch.setattr(forms_module, "make_runner", make_runner)
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: 0.0)
+    for winner, fake in (("int8", {"target": (0.01, 0.02, 0.5), "target-int8": (0.012, 0.015, 0.1)}),
+                         ("nbits", {"target": (0.005, 0.01, 0.05), "target-int8": (0.012, 0.015, 0.1)})):
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / winner))
+        opened.clear()
+
+        def time_passes(runner, widths, repeats, stop=None, rounds=None):  # widths 1, 4, 64
+            return list(fake[made[id(runner)]])
+
+        monkeypatch.setattr(forms_module, "time_passes", time_passes)
+        decoder = SpeculativeDecoder.load(two_form_bundle)
+        assert decoder.weight_form == winner
+        targets = [name for name in opened if name.startswith("target")]
+        assert targets == (["target", "target-int8"] if winner == "int8" else ["target", "target-int8", "target"])
+        assert decoder.generate("def add(a, b):\n", max_new_tokens=4).token_ids
 
 
 def _bytes_by_onnx(path) -> dict:

@@ -183,17 +183,19 @@ class SpeculativeDecoder:
                     making.set()
                     runners = bundle_runners(root, manifest, max_context)
                 else:
-                    form, target_file = choose_form(root, manifest.target, identity, provider, threads, weight_form)
+                    choice = choose_form(root, manifest.target, identity, provider, threads, weight_form)
+                    form, measured = choice.form, {"target": choice.session}  # the measured session, if it won
                     # a choice stored from a measurement beside other work: the CPU is watched while the target's
                     # session is made, and the forms measured again after it if other processes stayed quiet
                     watch = (OtherLoad() if weight_form is None and noisy_choice(manifest.target, identity, provider,
                                                                                   threads) else None)
-                    files = {"target": target_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft else {})
+                    files = {"target": choice.onnx_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft
+                                                                else {})
 
                     def make(role: str, spec):
                         return make_runner(str(inside(root, files[role])), spec, provider, max_context, step_tokens,
                                            threads, kept_ids=load_kept_ids(root, spec),
-                                           session=DEFERRED if role == "draft" else None)
+                                           session=DEFERRED if role == "draft" else measured.pop(role, None))
 
                     making.set()
                     runners = {role: make(role, spec) for role, spec in manifest.models().items()}
@@ -203,8 +205,8 @@ class SpeculativeDecoder:
                         runners.pop("target").reset()
                         gc.collect()
                         trim_heap()  # that session's packed weights go back before the forms are measured
-                        form, files["target"] = choose_form(root, manifest.target, identity, provider, threads,
-                                                            quiet=True)
+                        choice = choose_form(root, manifest.target, identity, provider, threads, quiet=True)
+                        form, files["target"], measured["target"] = choice
                         runners["target"] = make("target", manifest.target)
             finally:
                 making.set()

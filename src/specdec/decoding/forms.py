@@ -14,7 +14,8 @@ a choice measured while other processes used the CPU is measured again by the fi
 machine quiet: such a load runs the stored choice at once and watches the CPU while it makes the target's session
 (no load waits to find out), and measures the forms again after it when other processes stayed under
 ``OTHER_CORES_LIMIT``. A caller that knows better names a form (``SpeculativeDecoder.load(weight_form=...)``,
-``--weight-form``).
+``--weight-form``). The last form measured keeps its session when it wins (``FormChoice.session``): the load runs
+it instead of packing the same weights again.
 
 Every form computes the same model within its quantization (each passed the exporter's parity check); greedy
 identity with target-only decoding holds within whichever form runs, since both are decoded with it.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from typing import NamedTuple
 
 from specdec.contract.bundle import inside
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, load_check, machine_key,
@@ -59,9 +61,19 @@ def turn_seconds(costs: dict) -> float:
     return sum(passes * costs[width] for width, passes in REFERENCE_TURN.items())
 
 
-def measure_form(onnx_path: str, spec, provider: str, threads: int | None, wide_rounds: int = REPEATS) -> dict:
+class FormChoice(NamedTuple):
+    """The weight form a load runs: its name (None: a model in one form), its graph file and, when the measurement
+    that chose it left it open, its session (a ``SessionHolder`` for ``make_runner(session=...)``), else None."""
+    form: str | None
+    onnx_file: str
+    session: object = None
+
+
+def measure_form(onnx_path: str, spec, provider: str, threads: int | None, wide_rounds: int = REPEATS,
+                 keep: list | None = None) -> dict:
     """``{width: median seconds}`` of this form's passes at ``MEASURED_CONTEXT`` cached tokens: ``REPEATS`` of each
-    narrow width, ``wide_rounds`` of the widest; its session is freed before this returns."""
+    narrow width, ``wide_rounds`` of the widest. Its session is freed before this returns, or, given ``keep``,
+    appended to it (still open, its weights packed)."""
     widths = sorted(REFERENCE_TURN)
     runner = make_runner(onnx_path, spec, provider, MEASURED_CONTEXT + max(widths) + 1, max(widths), threads)
     try:
@@ -73,15 +85,27 @@ def measure_form(onnx_path: str, spec, provider: str, threads: int | None, wide_
         return dict(zip(widths, time_passes(runner, widths, REPEATS, rounds=rounds)))
     finally:
         runner.reset()
+        if keep is not None:
+            keep.append(runner.sessions)
         del runner
-        gc.collect()
-        trim_heap()  # the form's packed weights go back to the OS before the next form is loaded
+        if keep is None:
+            release()
+
+
+def release(kept: list | None = None) -> None:
+    """Free the sessions in ``kept`` (emptied) and whatever else was dropped: the packed weights go back to the OS
+    before another form is loaded."""
+    if kept:
+        kept.clear()
+    gc.collect()
+    trim_heap()
 
 
 def choose_form(root, spec, identity: str, provider: str, threads: int | None, wanted: str | None = None,
-                measure=None, quiet: bool = False) -> tuple[str, str]:
-    """(form, onnx file) of ``spec`` to run: ``wanted`` when given, the only one when there is one, else this
-    machine's stored choice or a new measurement (stored; ``measure``: a form's timing, default ``measure_form``).
+                measure=None, quiet: bool = False) -> FormChoice:
+    """The ``FormChoice`` of ``spec`` to run: ``wanted`` when given, the only one when there is one, else this
+    machine's stored choice or a new measurement (stored; ``measure``: a form's timing, default ``measure_form``;
+    the forms are measured in the order the bundle lists them, and the last one's session is kept if it wins).
     ``quiet``: this load found the machine quiet, so a choice stored from a measurement beside other work is
     measured again."""
     measure = measure or measure_form
@@ -90,18 +114,22 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
         if wanted not in forms:
             have = ", ".join(str(name) for name in forms) if spec.weight_forms else "its one form"
             raise ValueError(f"weight_form {wanted!r}: this bundle's {spec.role} has {have}")
-        return wanted, forms[wanted]
+        return FormChoice(wanted, forms[wanted])
     if len(forms) == 1 or provider != "cpu":  # a GPU's kernels were never measured: the first form
-        return next(iter(forms.items()))
+        return FormChoice(*next(iter(forms.items())))
     key = machine_key(identity, provider, threads, checks="weight_form")
     stored = load_check(key)
     if stored is not None and stored.get("form") in forms and not (other_cores_of(stored) > OTHER_CORES_LIMIT
                                                                     and quiet):
-        return stored["form"], forms[stored["form"]]
+        return FormChoice(stored["form"], forms[stored["form"]])
     other = OtherLoad()
+    kept = []  # the last form's session, open
+    last = list(forms)[-1]
 
     def measure_all(wide_rounds: int) -> dict:
-        return {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds)
+        release(kept)  # one form's weights in memory at a time
+        return {name: measure(str(inside(root, path)), spec, provider, threads, wide_rounds=wide_rounds,
+                              keep=kept if name == last else None)
                 for name, path in forms.items()}
 
     wide_rounds = 1
@@ -123,7 +151,9 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
     save_check(key, {"form": best, "turn_seconds": turns, "costs": {name: {str(w): c for w, c in measured.items()}
                                                                         for name, measured in costs.items()},
                           "wide_rounds": wide_rounds, "other_cores": other_cores})
-    return best, forms[best]
+    if best != last:
+        release(kept)
+    return FormChoice(best, forms[best], kept[0] if kept else None)
 
 
 def decisive(costs: dict) -> bool:

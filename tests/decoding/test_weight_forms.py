@@ -308,3 +308,48 @@ def test_eval_reports_every_weight_form(two_form_bundle):
     results = evaluate_bundle(two_form_bundle, text, roles=("target",), context=64, chunks=2)
     assert set(results) == {"target", "target-int8"}
     assert results["target"].perplexity != results["target-int8"].perplexity  # two forms, two measurements
+
+
+@pytest.mark.integration
+def test_a_form_that_does_not_fit_beside_the_cache_is_left_out(two_form_bundle, monkeypatch, tmp_path):
+    """Free memory between the two forms' budgets: the default context is sized for the smaller form (not capped
+    by the larger one), only the form that fits runs (nothing measured, nothing stored), a named form that does not
+    fit is refused, and a load with room measures both. Planted bugs (the budget of the largest form for the
+    default context; forms measured whether they fit or not) fail it."""
+    from specdec import SpeculativeDecoder
+    from specdec.contract.limits import MAX_DRAFT_TOKENS, PREFILL_CHUNK
+    from specdec.contract.manifest import Manifest
+    from specdec.decoding import decoder as decoder_module
+    from specdec.runners.memory import MemoryBudgetError, budget, default_context, fitting_forms, smallest_form
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: 0.0)
+    manifest = Manifest.read(two_form_bundle)
+    files = dict(manifest.target.weight_forms)
+    step, context = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2), 512
+    small, large = (budget(two_form_bundle, manifest, context, step, target_file=files[form]).total
+                    for form in ("nbits", "int8"))
+    assert small < large and smallest_form(two_form_bundle, manifest) == files["nbits"]
+    between = int((small + large) / 2 / 0.9)
+    assert list(fitting_forms(two_form_bundle, manifest, between, context, step)) == ["nbits"]
+    assert list(fitting_forms(two_form_bundle, manifest, None, context, step)) == ["nbits", "int8"]
+    trained = min(spec.max_positions for spec in manifest.models().values())
+    room = int(budget(two_form_bundle, manifest, trained, step, target_file=files["nbits"]).total / 0.9) + 1
+    assert budget(two_form_bundle, manifest, trained, step).total > int(room * 0.9)  # the largest would not fit
+    assert default_context(two_form_bundle, manifest, room, step)[0] == trained
+
+    measured = []
+
+    def measure(path, spec, provider, threads, wide_rounds, keep=None):
+        measured.append(path)
+        return _costs(0.01, 0.02, 0.5) if "target-int8" not in path else _costs(0.012, 0.015, 0.1)
+
+    monkeypatch.setattr(forms_module, "measure_form", measure)
+    monkeypatch.setattr(decoder_module, "_free_memory", lambda provider: between)
+    decoder = SpeculativeDecoder.load(two_form_bundle, max_context=context)
+    assert decoder.weight_form == "nbits" and measured == []
+    assert decoder.generate("def add(a, b):\n", max_new_tokens=4).token_ids
+    with pytest.raises(MemoryBudgetError, match="only"):
+        SpeculativeDecoder.load(two_form_bundle, max_context=context, weight_form="int8")
+    monkeypatch.setattr(decoder_module, "_free_memory", lambda provider: None)  # room: both measured, int8 wins
+    assert SpeculativeDecoder.load(two_form_bundle, max_context=context).weight_form == "int8" and len(measured) == 2

@@ -49,7 +49,8 @@ from specdec.decoding.rounds import catch_up, verify
 from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, SuffixCache
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.text.codec import TextCodec
-from specdec.runners.memory import available_host_memory, budget, check_fits, default_context
+from specdec.runners.memory import (available_host_memory, budget, check_fits, default_context, fitting_forms,
+                                    smallest_form, target_forms)
 from specdec.runners.huge_pages import collapse_in_background, requests_running, settle
 from specdec.runners.huge_pages import enabled as huge_pages_enabled
 from specdec.runners.resident import release_after_load, trim_heap
@@ -165,9 +166,20 @@ class SpeculativeDecoder:
                 2 <= max_context <= manifest.target.max_positions):
             raise ValueError(f"max_context must be an integer in 2..{manifest.target.max_positions} "
                              f"(the target's max positions), got {max_context!r}")
+        # the target's weight forms that fit beside a max_context cache (all when free memory is unknown): the
+        # forms' measurement chooses among them; a named form, or the smallest when none fits, is checked as before
+        fitting = fitting_forms(root, manifest, available, max_context, step_tokens, kv_caches)
         if available is not None:
-            check_fits(budget(root, manifest, max_context, step_tokens, caches=kv_caches), manifest, available,
-                       max_context, caches=kv_caches)
+            named = target_forms(manifest).get(weight_form) if weight_form is not None else None
+            if not fitting or (named is not None and weight_form not in fitting):
+                check_fits(budget(root, manifest, max_context, step_tokens, caches=kv_caches,
+                                  target_file=named or smallest_form(root, manifest)), manifest, available,
+                           max_context, caches=kv_caches)
+            if weight_form is None and len(fitting) < len(target_forms(manifest)):
+                log.info("target weight form %s left out: its weights and a %d-token KV cache do not fit in %.2f GiB "
+                         "free (%s runs; --max-context lowers the cache)",
+                         ", ".join(str(name) for name in target_forms(manifest) if name not in fitting), max_context,
+                         available / 2**30, ", ".join(str(name) for name in fitting))
         identity = bundle_identity(manifest)
         form = None  # the target's weight form, when the bundle carries several
         bundle_runners = backend_for(provider)
@@ -183,7 +195,8 @@ class SpeculativeDecoder:
                     making.set()
                     runners = bundle_runners(root, manifest, max_context)
                 else:
-                    choice = choose_form(root, manifest.target, identity, provider, threads, weight_form)
+                    choice = choose_form(root, manifest.target, identity, provider, threads, weight_form,
+                                         among=tuple(fitting))
                     form, measured = choice.form, {"target": choice.session}  # the measured session, if it won
                     # a choice stored from a measurement beside other work: the CPU is watched while the target's
                     # session is made, and the forms measured again after it if other processes stayed quiet
@@ -205,7 +218,8 @@ class SpeculativeDecoder:
                         runners.pop("target").reset()
                         gc.collect()
                         trim_heap()  # that session's packed weights go back before the forms are measured
-                        choice = choose_form(root, manifest.target, identity, provider, threads, quiet=True)
+                        choice = choose_form(root, manifest.target, identity, provider, threads, quiet=True,
+                                             among=tuple(fitting))
                         form, files["target"], measured["target"] = choice
                         runners["target"] = make("target", manifest.target)
             finally:

@@ -102,12 +102,13 @@ def release(kept: list | None = None) -> None:
 
 
 def choose_form(root, spec, identity: str, provider: str, threads: int | None, wanted: str | None = None,
-                measure=None, quiet: bool = False) -> FormChoice:
+                measure=None, quiet: bool = False, among: tuple | None = None) -> FormChoice:
     """The ``FormChoice`` of ``spec`` to run: ``wanted`` when given, the only one when there is one, else this
     machine's stored choice or a new measurement (stored; ``measure``: a form's timing, default ``measure_form``;
     the forms are measured in the order the bundle lists them, and the last one's session is kept if it wins).
     ``quiet``: this load found the machine quiet, so a choice stored from a measurement beside other work is
-    measured again."""
+    measured again. ``among``: the forms this load may run (those that fit in memory, ``runners.memory.
+    fitting_forms``; None: all); a choice among fewer than all is neither read from nor written to the store."""
     measure = measure or measure_form
     forms = dict(spec.weight_forms) or {None: spec.onnx_file}
     if wanted is not None:
@@ -115,10 +116,13 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
             have = ", ".join(str(name) for name in forms) if spec.weight_forms else "its one form"
             raise ValueError(f"weight_form {wanted!r}: this bundle's {spec.role} has {have}")
         return FormChoice(wanted, forms[wanted])
+    every = len(forms)
+    if among is not None:
+        forms = {name: path for name, path in forms.items() if name in among} or forms
     if len(forms) == 1 or provider != "cpu":  # a GPU's kernels were never measured: the first form
         return FormChoice(*next(iter(forms.items())))
     key = machine_key(identity, provider, threads, checks="weight_form")
-    stored = load_check(key)
+    stored = load_check(key) if len(forms) == every else None
     if stored is not None and stored.get("form") in forms and not (other_cores_of(stored) > OTHER_CORES_LIMIT
                                                                     and quiet):
         return FormChoice(stored["form"], forms[stored["form"]])
@@ -148,9 +152,10 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
                                                                    sorted(costs[name].items())) + ")"
                        for name in forms), best,
              f" (other processes used {other_cores:.2f} cores meanwhile)" if other_cores else "")
-    save_check(key, {"form": best, "turn_seconds": turns, "costs": {name: {str(w): c for w, c in measured.items()}
-                                                                        for name, measured in costs.items()},
-                          "wide_rounds": wide_rounds, "other_cores": other_cores})
+    if len(forms) == every:
+        save_check(key, {"form": best, "turn_seconds": turns,
+                         "costs": {name: {str(w): c for w, c in measured.items()} for name, measured in costs.items()},
+                         "wide_rounds": wide_rounds, "other_cores": other_cores})
     if best != last:
         release(kept)
     return FormChoice(best, forms[best], kept[0] if kept else None)

@@ -53,22 +53,35 @@ def pass_bytes_per_token(manifest: Manifest, step_tokens: int) -> int:
     return total
 
 
-def model_weight_bytes(root: Path, manifest: Manifest, spec) -> int:
-    """The bytes of a model's files (its ONNX folder's); of its largest weight form when it has several (a load
-    runs one, which the budget does not know before it is chosen)."""
+def model_weight_bytes(root: Path, manifest: Manifest, spec, onnx_file: str | None = None) -> int:
+    """The bytes of a model's files (its ONNX folder's): of the weight form whose graph is ``onnx_file``, else of its
+    largest form when it has several (a load runs one, which the budget may not know yet)."""
     sizes = []
-    for onnx_file in spec.files():
-        folder = Path(onnx_file).parent.as_posix() + "/"
+    for path in [onnx_file] if onnx_file is not None else spec.files():
+        folder = Path(path).parent.as_posix() + "/"
         sizes.append(sum((root / rel).stat().st_size for rel in manifest.files
                          if rel.startswith(folder) and (root / rel).is_file()))
     return max(sizes)
 
 
+def target_forms(manifest: Manifest) -> dict:
+    """The target's weight forms, ``{name: onnx file}`` (``{None: file}`` for a target in one form)."""
+    return dict(manifest.target.weight_forms) or {None: manifest.target.onnx_file}
+
+
+def smallest_form(bundle_dir: str | Path, manifest: Manifest) -> str:
+    """The graph file of the target's weight form with the fewest bytes."""
+    return min(target_forms(manifest).values(), key=lambda path: model_weight_bytes(Path(bundle_dir), manifest,
+                                                                                     manifest.target, path))
+
+
 def budget(bundle_dir: str | Path, manifest: Manifest, max_context: int, step_tokens: int = 64,
-           workspace: int = 0, caches: int = 1) -> Budget:
-    """``caches``: KV caches held at once (a server's workers each fork one)."""
+           workspace: int = 0, caches: int = 1, target_file: str | None = None) -> Budget:
+    """``caches``: KV caches held at once (a server's workers each fork one); ``target_file``: the target's weight
+    form (its graph file), else its largest."""
     root = Path(bundle_dir)
-    weights = sum(model_weight_bytes(root, manifest, spec) for spec in manifest.models().values())
+    weights = sum(model_weight_bytes(root, manifest, spec, target_file if role == "target" else None)
+                  for role, spec in manifest.models().items())
     buffers = sum(step_tokens * spec.vocab_size * 4 for spec in manifest.models().values())
     buffers += caches * pass_bytes_per_token(manifest, step_tokens) * max_context
     return Budget(weights=weights, kv_cache=caches * kv_bytes_per_token(manifest) * max_context, buffers=buffers,
@@ -80,12 +93,14 @@ def default_context(bundle_dir: str | Path, manifest: Manifest, available: int |
     """(max context, why): the trained context of the pair (the smaller max positions) when weights, ``caches`` KV
     caches at that context, pass buffers and ``reserved`` bytes (RAM prompt cache, suffix store) fit in
     ``headroom`` of ``available`` bytes; else the largest multiple of CONTEXT_STEP that does (at least one step:
-    a load that cannot fit even that is refused by ``check_fits`` with what to do)."""
+    a load that cannot fit even that is refused by ``check_fits`` with what to do). Weights: the target's smallest
+    form (a larger one runs only where it fits: ``fitting_forms``)."""
     trained = min(spec.max_positions for spec in manifest.models().values())
     gib = 1 << 30
     if available is None:
         return trained, f"the model's trained context {trained} (free memory unknown on this system)"
-    fixed = budget(bundle_dir, manifest, 0, step_tokens).total + reserved
+    smallest = smallest_form(bundle_dir, manifest)
+    fixed = budget(bundle_dir, manifest, 0, step_tokens, target_file=smallest).total + reserved
     per_token = caches * (kv_bytes_per_token(manifest) + pass_bytes_per_token(manifest, step_tokens))
     fits = max(0, int(available * headroom) - fixed) // per_token // CONTEXT_STEP * CONTEXT_STEP
     kv = f"{kv_bytes_per_token(manifest) / 1024:.0f} KiB of KV per token x {caches} cache{'s' * (caches > 1)}"
@@ -95,6 +110,18 @@ def default_context(bundle_dir: str | Path, manifest: Manifest, available: int |
     chosen = max(fits, min(CONTEXT_STEP, trained))
     return chosen, (f"capped below the trained {trained} by memory: {available / gib:.2f} GiB free, weights and "
                     f"buffers {fixed / gib:.2f} GiB, {kv}; --max-context overrides")
+
+
+def fitting_forms(bundle_dir: str | Path, manifest: Manifest, available: int | None, max_context: int,
+                  step_tokens: int = 64, caches: int = 1, headroom: float = 0.9) -> dict:
+    """The target's weight forms ``{name: onnx file}`` whose budget at ``max_context`` fits ``headroom`` of
+    ``available`` bytes (every form when free memory is unknown), in the bundle's order."""
+    forms = target_forms(manifest)
+    if available is None:
+        return forms
+    return {name: path for name, path in forms.items()
+            if budget(bundle_dir, manifest, max_context, step_tokens, caches=caches, target_file=path).total
+            <= int(available * headroom)}
 
 
 def check_fits(plan: Budget, manifest: Manifest, available: int, max_context: int, headroom: float = 0.9,

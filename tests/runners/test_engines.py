@@ -100,8 +100,15 @@ def test_memory_budget_suggests_a_context_that_fits(tiny_standard_bundle):
     tight = plan.total - plan.kv_cache // 2
     with pytest.raises(MemoryBudgetError, match="load with max_context=|--quant int4"):
         check_fits(plan, manifest, available=int(tight / 0.9), max_context=512)
-    with pytest.raises(MemoryBudgetError, match="weights alone do not fit"):
+    assert manifest.target.quant != "int4"
+    with pytest.raises(MemoryBudgetError, match="weights alone do not fit: export with --quant int4"):
         check_fits(plan, manifest, available=plan.weights // 2, max_context=512)
+    # a bundle already int4 is not told to export with --quant int4
+    quantized = {role: dataclasses.replace(spec, quant="int4") for role, spec in manifest.models().items()}
+    int4 = dataclasses.replace(manifest, **quantized)
+    with pytest.raises(MemoryBudgetError, match="a smaller draft/target") as refused:
+        check_fits(plan, int4, available=plan.weights // 2, max_context=512)
+    assert "--quant int4" not in str(refused.value)
 
 
 def test_the_default_context_is_the_trained_one_capped_by_memory(tiny_bundle, monkeypatch):

@@ -133,10 +133,12 @@ def check_fits(plan: Budget, manifest: Manifest, available: int, max_context: in
     gib = 1 << 30
     spare = limit - plan.weights - plan.buffers - plan.workspace
     per_token = caches * kv_bytes_per_token(manifest)
+    smaller = ("export with --quant int4" if any(spec.quant != "int4" for spec in manifest.models().values())
+               else "a smaller draft/target")
     if spare > per_token * 256:
-        hint = f"load with max_context={spare // per_token // 256 * 256} (fits), or export with --quant int4"
+        hint = f"load with max_context={spare // per_token // 256 * 256} (fits), or {smaller}"
     else:
-        hint = "the weights alone do not fit: export with --quant int4 (or a smaller draft/target)"
+        hint = f"the weights alone do not fit: {smaller}"
     raise MemoryBudgetError(
         f"bundle needs {plan.total / gib:.2f} GiB (weights {plan.weights / gib:.2f}, KV cache at {max_context} tokens "
         f"{plan.kv_cache / gib:.2f}, buffers {plan.buffers / gib:.2f}, workspace {plan.workspace / gib:.2f}) but only "

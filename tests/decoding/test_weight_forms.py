@@ -215,7 +215,36 @@ def test_the_last_form_measured_keeps_its_session_only_when_it_wins(monkeypatch,
     held.clear()
     costs["b.onnx"] = _costs(0.0051, 0.01, 0.05)  # too close on one wide pass: measured again, b's first session freed
     choice = choose_form(tmp_path, spec, "close", "cpu", 2, measure=measure)
-    assert held == [None, [], None, []] and choice.session in (None, "session of b.onnx")
+    assert held == [None, [], None, []] and choice == ("nbits", "a.onnx", None)  # a still wins the longer measurement
+
+
+def test_a_failed_measurement_keeps_no_session(monkeypatch):
+    """A measurement that raises hands on no session (its packed weights are freed, not held by the caller's list)."""
+    from types import SimpleNamespace
+
+    class Runner:
+        sessions = "the form's session"
+
+        def reset(self):
+            pass
+
+    monkeypatch.setattr(forms_module, "make_runner", lambda *args, **kwargs: Runner())
+    monkeypatch.setattr(forms_module, "fill_context", lambda runner, count: None)
+    monkeypatch.setattr(forms_module, "settle", lambda: None)
+    monkeypatch.setattr(forms_module, "collapse_resident", lambda: None)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a pass failed")
+
+    monkeypatch.setattr(forms_module, "time_passes", fail)
+    kept = []
+    with pytest.raises(RuntimeError, match="a pass failed"):
+        forms_module.measure_form("b.onnx", SimpleNamespace(), "cpu", 2, keep=kept)
+    assert kept == []
+    monkeypatch.setattr(forms_module, "time_passes", lambda runner, widths, repeats, stop=None, rounds=None:
+                        [0.01, 0.02, 0.5])
+    assert forms_module.measure_form("b.onnx", SimpleNamespace(), "cpu", 2, keep=kept) == _costs(0.01, 0.02, 0.5)
+    assert kept == ["the form's session"]
 
 
 @pytest.mark.integration
@@ -256,7 +285,32 @@ def test_a_first_load_runs_the_session_its_measurement_left_open(two_form_bundle
         assert decoder.weight_form == winner
         targets = [name for name in opened if name.startswith("target")]
         assert targets == (["target", "target-int8"] if winner == "int8" else ["target", "target-int8", "target"])
-        assert decoder.generate("def add(a, b):\n", max_new_tokens=4).token_ids
+        fresh = SpeculativeDecoder.load(two_form_bundle, weight_form=winner)  # the same form on a new session
+        for mode in ({}, {"num_draft_tokens": 0}):
+            assert (decoder.generate("def add(a, b):\n", max_new_tokens=8, **mode).token_ids ==
+                    fresh.generate("def add(a, b):\n", max_new_tokens=8, num_draft_tokens=0).token_ids)
+
+
+@pytest.mark.integration
+def test_a_first_measurement_beside_other_work_is_not_repeated_by_the_same_load(two_form_bundle, monkeypatch,
+                                                                                 tmp_path):
+    """A first load measures the forms beside other work (a noisy choice, stored) and finds the machine quiet
+    while it makes the target's session: it runs its choice and leaves measuring again to a later quiet load (a load
+    that watched its own fresh measurement measured twice and held two forms at once)."""
+    from specdec import SpeculativeDecoder
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    measured = []
+
+    def measure(path, spec, provider, threads, wide_rounds, keep=None):
+        measured.append(path)
+        return _costs(0.01, 0.02, 0.5) if "target-int8" not in path else _costs(0.012, 0.015, 0.1)
+
+    readings = iter([0.6])  # the measurement's window is busy, every later one quiet
+    monkeypatch.setattr(forms_module, "measure_form", measure)
+    monkeypatch.setattr(forms_module.OtherLoad, "cores", lambda self: next(readings, 0.0))
+    assert SpeculativeDecoder.load(two_form_bundle).weight_form == "int8" and len(measured) == 2
+    assert SpeculativeDecoder.load(two_form_bundle).weight_form == "int8" and len(measured) == 4  # a later quiet load
 
 
 def _bytes_by_onnx(path) -> dict:
@@ -320,6 +374,7 @@ def test_a_form_that_does_not_fit_beside_the_cache_is_left_out(two_form_bundle, 
     from specdec.contract.limits import MAX_DRAFT_TOKENS, PREFILL_CHUNK
     from specdec.contract.manifest import Manifest
     from specdec.decoding import decoder as decoder_module
+    from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB
     from specdec.runners.memory import MemoryBudgetError, budget, default_context, fitting_forms, smallest_form
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
@@ -327,16 +382,20 @@ def test_a_form_that_does_not_fit_beside_the_cache_is_left_out(two_form_bundle, 
     manifest = Manifest.read(two_form_bundle)
     files = dict(manifest.target.weight_forms)
     step, context = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2), 512
-    small, large = (budget(two_form_bundle, manifest, context, step, target_file=files[form]).total
+    reserved = int(DEFAULT_CACHE_MIB * 2**20)  # the load's default suffix store
+    small, large = (budget(two_form_bundle, manifest, context, step, reserved, target_file=files[form]).total
                     for form in ("nbits", "int8"))
     assert small < large and smallest_form(two_form_bundle, manifest) == files["nbits"]
     between = int((small + large) / 2 / 0.9)
-    assert list(fitting_forms(two_form_bundle, manifest, between, context, step)) == ["nbits"]
+    assert list(fitting_forms(two_form_bundle, manifest, between, context, step, reserved=reserved)) == ["nbits"]
+    assert list(fitting_forms(two_form_bundle, manifest, between, context, step)) == ["nbits", "int8"]  # RAM caches
     assert list(fitting_forms(two_form_bundle, manifest, None, context, step)) == ["nbits", "int8"]
     trained = min(spec.max_positions for spec in manifest.models().values())
     room = int(budget(two_form_bundle, manifest, trained, step, target_file=files["nbits"]).total / 0.9) + 1
     assert budget(two_form_bundle, manifest, trained, step).total > int(room * 0.9)  # the largest would not fit
     assert default_context(two_form_bundle, manifest, room, step)[0] == trained
+    # a named form: the default context is sized for it (a larger one gets a smaller context, not a refusal)
+    assert default_context(two_form_bundle, manifest, room, step, target_file=files["int8"])[0] < trained
 
     measured = []
 

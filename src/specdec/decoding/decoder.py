@@ -34,7 +34,7 @@ from specdec.contract.bundle import default_hash_cache, inside, open_bundle
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, bundle_identity, calibration_key,
                                                 load_costs_entry, load_row_checks, machine_key, save_costs,
                                                 save_row_checks)
-from specdec.decoding.forms import choose_form, noisy_choice, quiet_since
+from specdec.decoding.forms import check_wanted, choose_form, noisy_choice, quiet_since
 from specdec.decoding.cost_model import CALIBRATION_CONTEXT, CalibrationStopped, Costs, ProbeBudget, calibrate
 from specdec.runners.backends import backend
 from specdec.runners.factory import backend_for, make_runner
@@ -156,9 +156,12 @@ class SpeculativeDecoder:
         manifest = open_bundle(root, verify=verify, hash_cache=default_hash_cache())
         step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
         available = _free_memory(provider)
+        check_wanted(manifest.target, weight_form)
+        named = target_forms(manifest).get(weight_form) if weight_form is not None else None
+        reserved = int((cache_ram_mib + suffix_cache_mib) * 2**20)  # the RAM prompt cache and suffix store
         if max_context is None:
-            reserved = int((cache_ram_mib + suffix_cache_mib) * 2**20)
-            max_context, reason = default_context(root, manifest, available, step_tokens, reserved, kv_caches)
+            max_context, reason = default_context(root, manifest, available, step_tokens, reserved, kv_caches,
+                                                  target_file=named)
             log.info("max_context %d: %s", max_context, reason)
         else:
             reason = "--max-context / max_context"
@@ -168,12 +171,13 @@ class SpeculativeDecoder:
                              f"(the target's max positions), got {max_context!r}")
         # the target's weight forms that fit beside a max_context cache (all when free memory is unknown): the
         # forms' measurement chooses among them; a named form, or the smallest when none fits, is checked as before
-        fitting = fitting_forms(root, manifest, available, max_context, step_tokens, kv_caches)
+        fitting = fitting_forms(root, manifest, available, max_context, step_tokens, kv_caches, reserved)
         if available is not None:
-            named = target_forms(manifest).get(weight_form) if weight_form is not None else None
-            if not fitting or (named is not None and weight_form not in fitting):
-                check_fits(budget(root, manifest, max_context, step_tokens, caches=kv_caches,
-                                  target_file=named or smallest_form(root, manifest)), manifest, available,
+            runs_first = backend_for(provider) is not None  # engines built from the first form (TensorRT)
+            checked = named or (manifest.target.onnx_file if runs_first else None)
+            if not fitting or (checked is not None and checked not in fitting.values()):
+                check_fits(budget(root, manifest, max_context, step_tokens, workspace=reserved, caches=kv_caches,
+                                  target_file=checked or smallest_form(root, manifest)), manifest, available,
                            max_context, caches=kv_caches)
             if weight_form is None and len(fitting) < len(target_forms(manifest)):
                 log.info("target weight form %s left out: its weights and a %d-token KV cache do not fit in %.2f GiB "
@@ -195,13 +199,15 @@ class SpeculativeDecoder:
                     making.set()
                     runners = bundle_runners(root, manifest, max_context)
                 else:
+                    # a choice stored (by an earlier load, with every form fitting) from a measurement beside other
+                    # work: the CPU is watched while the target's session is made, and the forms measured again
+                    # after it if other processes stayed quiet
+                    noisy = (weight_form is None and len(fitting) == len(target_forms(manifest))
+                             and noisy_choice(manifest.target, identity, provider, threads))
                     choice = choose_form(root, manifest.target, identity, provider, threads, weight_form,
                                          among=tuple(fitting))
                     form, measured = choice.form, {"target": choice.session}  # the measured session, if it won
-                    # a choice stored from a measurement beside other work: the CPU is watched while the target's
-                    # session is made, and the forms measured again after it if other processes stayed quiet
-                    watch = (OtherLoad() if weight_form is None and noisy_choice(manifest.target, identity, provider,
-                                                                                  threads) else None)
+                    watch = OtherLoad() if noisy else None
                     files = {"target": choice.onnx_file} | ({"draft": manifest.draft.onnx_file} if manifest.draft
                                                                 else {})
 
@@ -216,6 +222,8 @@ class SpeculativeDecoder:
                         log.info("the weight-form choice stored here was measured beside other work and this load "
                                  "found the machine quiet: measuring the forms again")
                         runners.pop("target").reset()
+                        measured.clear()
+                        choice = None
                         gc.collect()
                         trim_heap()  # that session's packed weights go back before the forms are measured
                         choice = choose_form(root, manifest.target, identity, provider, threads, quiet=True,

@@ -76,19 +76,21 @@ def measure_form(onnx_path: str, spec, provider: str, threads: int | None, wide_
     appended to it (still open, its weights packed)."""
     widths = sorted(REFERENCE_TURN)
     runner = make_runner(onnx_path, spec, provider, MEASURED_CONTEXT + max(widths) + 1, max(widths), threads)
+    measured = None
     try:
         fill_context(runner, MEASURED_CONTEXT)
         settle()
         collapse_resident()  # timed as a load runs it: its packed weights on 2 MiB pages (runners/huge_pages.py)
         time_passes(runner, widths, 1)  # warm-up: first passes allocate
         rounds = {max(widths): min(wide_rounds, REPEATS)}
-        return dict(zip(widths, time_passes(runner, widths, REPEATS, rounds=rounds)))
+        measured = dict(zip(widths, time_passes(runner, widths, REPEATS, rounds=rounds)))
+        return measured
     finally:
         runner.reset()
-        if keep is not None:
+        if keep is not None and measured is not None:  # a failed measurement keeps nothing
             keep.append(runner.sessions)
         del runner
-        if keep is None:
+        if keep is None or measured is None:
             release()
 
 
@@ -99,6 +101,14 @@ def release(kept: list | None = None) -> None:
         kept.clear()
     gc.collect()
     trim_heap()
+
+
+def check_wanted(spec, wanted: str | None) -> None:
+    """Raise ValueError naming ``spec``'s forms when ``wanted`` (a form's name; None: any) is not one of them."""
+    forms = dict(spec.weight_forms)
+    if wanted is not None and wanted not in forms:
+        have = ", ".join(str(name) for name in forms) if forms else "its one form"
+        raise ValueError(f"weight_form {wanted!r}: this bundle's {spec.role} has {have}")
 
 
 def choose_form(root, spec, identity: str, provider: str, threads: int | None, wanted: str | None = None,
@@ -112,9 +122,7 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
     measure = measure or measure_form
     forms = dict(spec.weight_forms) or {None: spec.onnx_file}
     if wanted is not None:
-        if wanted not in forms:
-            have = ", ".join(str(name) for name in forms) if spec.weight_forms else "its one form"
-            raise ValueError(f"weight_form {wanted!r}: this bundle's {spec.role} has {have}")
+        check_wanted(spec, wanted)
         return FormChoice(wanted, forms[wanted])
     every = len(forms)
     if among is not None:
@@ -137,10 +145,14 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
                 for name, path in forms.items()}
 
     wide_rounds = 1
-    costs = measure_all(wide_rounds)
-    if not decisive(costs):
-        wide_rounds = REPEATS
+    try:
         costs = measure_all(wide_rounds)
+        if not decisive(costs):
+            wide_rounds = REPEATS
+            costs = measure_all(wide_rounds)
+    except BaseException:
+        release(kept)  # a measurement that failed holds no form's weights
+        raise
     turns = {name: turn_seconds(measured) for name, measured in costs.items()}
     best = min(turns, key=turns.get)
     other_cores = other.cores()

@@ -89,18 +89,19 @@ def budget(bundle_dir: str | Path, manifest: Manifest, max_context: int, step_to
 
 
 def default_context(bundle_dir: str | Path, manifest: Manifest, available: int | None, step_tokens: int = 64,
-                    reserved: int = 0, caches: int = 1, headroom: float = 0.9) -> tuple[int, str]:
+                    reserved: int = 0, caches: int = 1, headroom: float = 0.9,
+                    target_file: str | None = None) -> tuple[int, str]:
     """(max context, why): the trained context of the pair (the smaller max positions) when weights, ``caches`` KV
     caches at that context, pass buffers and ``reserved`` bytes (RAM prompt cache, suffix store) fit in
     ``headroom`` of ``available`` bytes; else the largest multiple of CONTEXT_STEP that does (at least one step:
-    a load that cannot fit even that is refused by ``check_fits`` with what to do). Weights: the target's smallest
-    form (a larger one runs only where it fits: ``fitting_forms``)."""
+    a load that cannot fit even that is refused by ``check_fits`` with what to do). Weights: the target's form
+    ``target_file`` (a named one), else its smallest (a larger one runs only where it fits: ``fitting_forms``)."""
     trained = min(spec.max_positions for spec in manifest.models().values())
     gib = 1 << 30
     if available is None:
         return trained, f"the model's trained context {trained} (free memory unknown on this system)"
-    smallest = smallest_form(bundle_dir, manifest)
-    fixed = budget(bundle_dir, manifest, 0, step_tokens, target_file=smallest).total + reserved
+    form = target_file or smallest_form(bundle_dir, manifest)
+    fixed = budget(bundle_dir, manifest, 0, step_tokens, target_file=form).total + reserved
     per_token = caches * (kv_bytes_per_token(manifest) + pass_bytes_per_token(manifest, step_tokens))
     fits = max(0, int(available * headroom) - fixed) // per_token // CONTEXT_STEP * CONTEXT_STEP
     kv = f"{kv_bytes_per_token(manifest) / 1024:.0f} KiB of KV per token x {caches} cache{'s' * (caches > 1)}"
@@ -113,14 +114,15 @@ def default_context(bundle_dir: str | Path, manifest: Manifest, available: int |
 
 
 def fitting_forms(bundle_dir: str | Path, manifest: Manifest, available: int | None, max_context: int,
-                  step_tokens: int = 64, caches: int = 1, headroom: float = 0.9) -> dict:
-    """The target's weight forms ``{name: onnx file}`` whose budget at ``max_context`` fits ``headroom`` of
-    ``available`` bytes (every form when free memory is unknown), in the bundle's order."""
+                  step_tokens: int = 64, caches: int = 1, reserved: int = 0, headroom: float = 0.9) -> dict:
+    """The target's weight forms ``{name: onnx file}`` whose budget at ``max_context`` (and ``reserved`` bytes: RAM
+    caches) fits ``headroom`` of ``available`` bytes (every form when free memory is unknown), in the bundle's
+    order."""
     forms = target_forms(manifest)
     if available is None:
         return forms
     return {name: path for name, path in forms.items()
-            if budget(bundle_dir, manifest, max_context, step_tokens, caches=caches, target_file=path).total
+            if budget(bundle_dir, manifest, max_context, step_tokens, reserved, caches, target_file=path).total
             <= int(available * headroom)}
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.contract.manifest import forms_of
 from specdec.runners.huge_pages import collapse_resident
 
 
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
             raise ValueError("--widths must be in 1..64")
         if max(contexts) + max(widths) > spec.max_positions or min(contexts) < 1:
             raise ValueError(f"--contexts must be in 1..{spec.max_positions - max(widths)} for this model")
-        forms = dict(spec.weight_forms) or {None: spec.onnx_file}
+        forms = forms_of(spec)
         if args.weight_form is not None and args.weight_form not in forms:
             raise ValueError(f"--weight-form: the {args.role} has {', '.join(map(str, forms))}")
     except (ValueError, OSError) as exc:

@@ -426,6 +426,12 @@ def kv_names(num_layers: int) -> tuple:
     )
 
 
+def forms_of(spec) -> dict:
+    """A model's weight forms, ``{name: onnx file}`` in the bundle's order; ``{None: onnx_file}`` for a model in one
+    form (``spec``: a ModelSpec, or anything with its ``weight_forms`` and ``onnx_file``)."""
+    return dict(spec.weight_forms) or {None: spec.onnx_file}
+
+
 def graph_io(num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, kv_dtype: str, sliding: bool):
     """The (inputs, outputs) TensorSpecs of the graph contract in the module docstring."""
     mask_shape = ("batch", "new_tokens", "total_tokens")

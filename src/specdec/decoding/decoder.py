@@ -31,6 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from specdec.contract.bundle import default_hash_cache, inside, open_bundle
+from specdec.contract.manifest import forms_of
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, bundle_identity, calibration_key,
                                                 load_costs_entry, load_row_checks, machine_key, save_costs,
                                                 save_row_checks)
@@ -50,7 +51,7 @@ from specdec.decoding.suffix_store import DEFAULT_CACHE_MIB, MAX_SUFFIX_NODES, S
 from specdec.decoding.rules import TokenRule
 from specdec.decoding.text.codec import TextCodec
 from specdec.runners.memory import (available_host_memory, budget, check_fits, default_context, fitting_forms,
-                                    smallest_form, target_forms)
+                                    smallest_form)
 from specdec.runners.huge_pages import collapse_in_background, requests_running, settle
 from specdec.runners.huge_pages import enabled as huge_pages_enabled
 from specdec.runners.resident import release_after_load, trim_heap
@@ -157,7 +158,8 @@ class SpeculativeDecoder:
         step_tokens = max(PREFILL_CHUNK, MAX_DRAFT_TOKENS + 2)
         available = _free_memory(provider)
         check_wanted(manifest.target, weight_form)
-        named = target_forms(manifest).get(weight_form) if weight_form is not None else None
+        forms = forms_of(manifest.target)
+        named = forms.get(weight_form) if weight_form is not None else None
         reserved = int((cache_ram_mib + suffix_cache_mib) * 2**20)  # the RAM prompt cache and suffix store
         if max_context is None:
             max_context, reason = default_context(root, manifest, available, step_tokens, reserved, kv_caches,
@@ -172,21 +174,21 @@ class SpeculativeDecoder:
         # the target's weight forms that fit beside a max_context cache (all when free memory is unknown): the
         # forms' measurement chooses among them; a named form, or the smallest when none fits, is checked as before
         fitting = fitting_forms(root, manifest, available, max_context, step_tokens, kv_caches, reserved)
+        bundle_runners = backend_for(provider)
         if available is not None:
-            runs_first = backend_for(provider) is not None  # engines built from the first form (TensorRT)
+            runs_first = bundle_runners is not None  # engines built from the first form (TensorRT)
             checked = named or (manifest.target.onnx_file if runs_first else None)
             if not fitting or (checked is not None and checked not in fitting.values()):
                 check_fits(budget(root, manifest, max_context, step_tokens, workspace=reserved, caches=kv_caches,
                                   target_file=checked or smallest_form(root, manifest)), manifest, available,
                            max_context, caches=kv_caches)
-            if weight_form is None and len(fitting) < len(target_forms(manifest)):
+            if weight_form is None and len(fitting) < len(forms):
                 log.info("target weight form %s left out: its weights and a %d-token KV cache do not fit in %.2f GiB "
                          "free (%s runs; --max-context lowers the cache)",
-                         ", ".join(str(name) for name in target_forms(manifest) if name not in fitting), max_context,
+                         ", ".join(str(name) for name in forms if name not in fitting), max_context,
                          available / 2**30, ", ".join(str(name) for name in fitting))
         identity = bundle_identity(manifest)
         form = None  # the target's weight form, when the bundle carries several
-        bundle_runners = backend_for(provider)
         making = session_started or threading.Event()  # set as the target's session (or engines) starts being made
         with ThreadPoolExecutor(1) as background:
             # the tokenizer on a thread while the target's session is made here (onnxruntime packs the weights with
@@ -202,7 +204,7 @@ class SpeculativeDecoder:
                     # a choice stored (by an earlier load, with every form fitting) from a measurement beside other
                     # work: the CPU is watched while the target's session is made, and the forms measured again
                     # after it if other processes stayed quiet
-                    noisy = (weight_form is None and len(fitting) == len(target_forms(manifest))
+                    noisy = (weight_form is None and len(fitting) == len(forms)
                              and noisy_choice(manifest.target, identity, provider, threads))
                     choice = choose_form(root, manifest.target, identity, provider, threads, weight_form,
                                          among=tuple(fitting))
@@ -221,9 +223,7 @@ class SpeculativeDecoder:
                     if watch is not None and quiet_since(watch):
                         log.info("the weight-form choice stored here was measured beside other work and this load "
                                  "found the machine quiet: measuring the forms again")
-                        runners.pop("target").reset()
-                        measured.clear()
-                        choice = None
+                        runners.pop("target").reset()  # a stored choice's: no measured session beside it
                         gc.collect()
                         trim_heap()  # that session's packed weights go back before the forms are measured
                         choice = choose_form(root, manifest.target, identity, provider, threads, quiet=True,

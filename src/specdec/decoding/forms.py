@@ -28,6 +28,7 @@ import logging
 from typing import NamedTuple
 
 from specdec.contract.bundle import inside
+from specdec.contract.manifest import forms_of
 from specdec.decoding.calibration_store import (OTHER_CORES_LIMIT, OtherLoad, load_check, machine_key,
                                                 other_cores_of, save_check)
 from specdec.decoding.cost_model import fill_context, time_passes
@@ -120,7 +121,7 @@ def choose_form(root, spec, identity: str, provider: str, threads: int | None, w
     measured again. ``among``: the forms this load may run (those that fit in memory, ``runners.memory.
     fitting_forms``; None: all); a choice among fewer than all is neither read from nor written to the store."""
     measure = measure or measure_form
-    forms = dict(spec.weight_forms) or {None: spec.onnx_file}
+    forms = forms_of(spec)
     if wanted is not None:
         check_wanted(spec, wanted)
         return FormChoice(wanted, forms[wanted])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.contract.manifest import Manifest
+from specdec.contract.manifest import Manifest, forms_of
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 
@@ -64,14 +64,9 @@ def model_weight_bytes(root: Path, manifest: Manifest, spec, onnx_file: str | No
     return max(sizes)
 
 
-def target_forms(manifest: Manifest) -> dict:
-    """The target's weight forms, ``{name: onnx file}`` (``{None: file}`` for a target in one form)."""
-    return dict(manifest.target.weight_forms) or {None: manifest.target.onnx_file}
-
-
 def smallest_form(bundle_dir: str | Path, manifest: Manifest) -> str:
     """The graph file of the target's weight form with the fewest bytes."""
-    return min(target_forms(manifest).values(), key=lambda path: model_weight_bytes(Path(bundle_dir), manifest,
+    return min(forms_of(manifest.target).values(), key=lambda path: model_weight_bytes(Path(bundle_dir), manifest,
                                                                                      manifest.target, path))
 
 
@@ -118,7 +113,7 @@ def fitting_forms(bundle_dir: str | Path, manifest: Manifest, available: int | N
     """The target's weight forms ``{name: onnx file}`` whose budget at ``max_context`` (and ``reserved`` bytes: RAM
     caches) fits ``headroom`` of ``available`` bytes (every form when free memory is unknown), in the bundle's
     order."""
-    forms = target_forms(manifest)
+    forms = forms_of(manifest.target)
     if available is None:
         return forms
     return {name: path for name, path in forms.items()
